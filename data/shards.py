@@ -1,0 +1,142 @@
+"""The hvdk8s shard format for users' own data.
+
+A split is a directory holding `index.json` and shards `shard-00000.npz`, ... Each shard is an
+uncompressed NumPy archive with the same arrays (`x`, `y`), first axis = samples. The index lists the
+shards in order with their sample counts and SHA-256, plus the arrays' dtypes and per-sample shapes and
+what the data feeds (`info`: input_shape and num_classes, or vocab_size and seq_len).
+
+Readers stream shard by shard and keep at most two shards in memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+FORMAT = "hvdk8s-shards"
+VERSION = 1
+INDEX = "index.json"
+
+
+class ShardFormatError(ValueError):
+    """A shard directory that cannot be read; the message names the file."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_shards(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray], *, samples_per_shard: int,
+                 info: Mapping[str, Any]) -> Path:
+    """Write `arrays` (same first dimension) as shards plus an index. The index is written last, under
+    a temporary name renamed into place, so a directory with an index is always complete."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    n = {len(a) for a in arrays.values()}
+    if len(n) != 1:
+        raise ValueError("all arrays must have the same number of samples")
+    total = n.pop()
+    shards = []
+    for i, start in enumerate(range(0, total, samples_per_shard)):
+        name = f"shard-{i:05d}.npz"
+        with open(out / name, "wb") as f:
+            np.savez(f, **{k: a[start:start + samples_per_shard] for k, a in arrays.items()})
+        shards.append({"file": name, "samples": min(samples_per_shard, total - start), "sha256": _sha256(out / name)})
+    index = {
+        "format": FORMAT, "version": VERSION, "num_samples": total,
+        "arrays": {k: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for k, a in arrays.items()},
+        "info": dict(info), "shards": shards,
+    }
+    tmp = out / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
+    os.replace(tmp, out / INDEX)
+    return out / INDEX
+
+
+class ShardedDataset:
+    """A split in the shard format, read lazily shard by shard.
+
+    Its epoch order is a block shuffle: the shard order is permuted, and samples inside each shard are
+    permuted, so each rank reads a run of whole shards (partial ones at its edges) sequentially."""
+
+    def __init__(self, directory: str | os.PathLike, *, verify: bool = False):
+        self.directory = Path(directory)
+        index_path = self.directory / INDEX
+        try:
+            index = json.loads(index_path.read_text())
+        except FileNotFoundError:
+            raise ShardFormatError(f"{index_path}: no shard index here (write one with "
+                                   "hvdk8s.data.shards.write_shards)") from None
+        except json.JSONDecodeError as e:
+            raise ShardFormatError(f"{index_path}: not valid JSON ({e})") from None
+        if index.get("format") != FORMAT or index.get("version") != VERSION:
+            raise ShardFormatError(f"{index_path}: not an {FORMAT} v{VERSION} index")
+        self.index = index
+        self.info = dict(index["info"])
+        self.shards = index["shards"]
+        self.offsets = np.cumsum([0] + [s["samples"] for s in self.shards])
+        if self.offsets[-1] != index["num_samples"]:
+            raise ShardFormatError(f"{index_path}: shard sample counts do not add up to num_samples")
+        if verify:
+            for s in self.shards:
+                if _sha256(self.directory / s["file"]) != s["sha256"]:
+                    raise ShardFormatError(f"{self.directory / s['file']}: checksum does not match the index")
+        self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _shard(self, i: int) -> dict[str, np.ndarray]:
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i]
+        path = self.directory / self.shards[i]["file"]
+        try:
+            with np.load(path) as z:
+                data = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as e:
+            raise ShardFormatError(f"{path}: cannot read shard ({e})") from None
+        if len(next(iter(data.values()))) != self.shards[i]["samples"]:
+            raise ShardFormatError(f"{path}: holds a different number of samples than the index says")
+        self._cache[i] = data
+        while len(self._cache) > 2:
+            self._cache.popitem(last=False)
+        return data
+
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples by global index, read shard by shard (indices of one shard should be adjacent)."""
+        shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
+        parts_x, parts_y = [], []
+        # Runs of the same shard, in the order given.
+        cuts = np.flatnonzero(np.diff(shard_of)) + 1
+        for run_idx, run_shard in zip(np.split(indices, cuts), np.split(shard_of, cuts)):
+            if not len(run_idx):
+                continue
+            s = int(run_shard[0])
+            data = self._shard(s)
+            local = run_idx - self.offsets[s]
+            parts_x.append(data["x"][local])
+            parts_y.append(data["y"][local])
+        if not parts_x:
+            spec = self.index["arrays"]
+            return (np.empty((0, *spec["x"]["shape"]), spec["x"]["dtype"]),
+                    np.empty((0, *spec["y"]["shape"]), spec["y"]["dtype"]))
+        return np.concatenate(parts_x), np.concatenate(parts_y)
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        from .sharding import epoch_rng
+
+        rng = epoch_rng(seed, epoch)
+        blocks = [self.offsets[s] + rng.permutation(self.shards[s]["samples"])
+                  for s in rng.permutation(len(self.shards))]
+        return np.concatenate(blocks) if blocks else np.empty(0, np.int64)
+

@@ -1,0 +1,3 @@
+from hvdk8s.cli import main
+
+main()

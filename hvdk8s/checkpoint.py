@@ -1,0 +1,68 @@
+"""Checkpoint files: written by one process atomically, read back newest-valid-first.
+
+Framework-neutral: the caller passes how to write and read one file (torch.save/torch.load, or a
+Keras/TensorFlow equivalent). A checkpoint is `epoch-00007.ckpt`; it becomes visible under that name
+only after it is fully written and fsynced, so a crash mid-write never leaves a half file that looks
+finished. Reading skips files that fail to load (e.g. damaged by hand) and falls back to older ones.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+_NAME = re.compile(r"^epoch-(\d{5,})\.ckpt$")
+
+
+def path_for(directory: str | os.PathLike, epoch: int) -> Path:
+    return Path(directory) / f"epoch-{epoch:05d}.ckpt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(epoch, path) of finished checkpoint files, newest first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), d / p.name) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def save(directory: str | os.PathLike, epoch: int, payload: Any, write: Callable[[Any, Path], None],
+         keep: int = 3) -> Path:
+    """Write `payload` as the checkpoint of `epoch`, then keep only the `keep` newest."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    final = path_for(d, epoch)
+    tmp = d / f".{final.name}.{os.getpid()}.tmp"
+    try:
+        write(payload, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for _, old in list_checkpoints(d)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_latest(directory: str | os.PathLike, read: Callable[[Path], Any],
+                valid: Callable[[Any], bool] = lambda _: True) -> Optional[tuple[int, Path, Any]]:
+    """(epoch, path, payload) of the newest checkpoint that loads and passes `valid`, or None."""
+    for epoch, path in list_checkpoints(directory):
+        try:
+            payload = read(path)
+        except Exception as e:  # a damaged file: say so, then try the next older one
+            print(f"hvdk8s: skipping unreadable checkpoint {path}: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        if valid(payload):
+            return epoch, path, payload
+        print(f"hvdk8s: skipping checkpoint {path}: not a checkpoint of this job", file=sys.stderr)
+    return None

@@ -1,0 +1,98 @@
+"""The `hvdk8s` command. Each verb is a thin call into a module; errors in the user's input exit 2
+with a message that names the file and field, never a traceback."""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import click
+from rich.console import Console
+
+from hvdk8s import __version__
+from hvdk8s.spec import JobFileError, JobSpec, dump_job, load_job
+
+err = Console(stderr=True)
+
+_set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+                           help="Override a job-file field, e.g. --set training.epochs=3 (repeatable).")
+
+
+def _load(job: str, overrides: Sequence[str]) -> JobSpec:
+    try:
+        return load_job(job, list(overrides))
+    except JobFileError as e:
+        err.print(f"[bold red]error:[/] {e.source}: invalid job file", highlight=False)
+        for path, msg in e.problems:
+            err.print(f"  [bold]{path or '(top level)'}[/]: {msg}", highlight=False, markup=True)
+        sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hvdk8s")
+def cli() -> None:
+    """Horovod training jobs, from this machine to a Kubernetes cluster, from one job file."""
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@_set_option
+@click.option("--print", "show", is_flag=True, help="Print the job with every default filled in.")
+def validate(job: str, overrides: Sequence[str], show: bool) -> None:
+    """Check a job file; exit 2 listing every problem with its field path."""
+    spec = _load(job, overrides)
+    if show:
+        click.echo(dump_job(spec), nl=False)
+    else:
+        click.echo(f"{job}: valid ({spec.framework} {spec.model.name} on {spec.dataset.name or spec.dataset.path}, "
+                   f"{spec.training.epochs} epochs)")
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@_set_option
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Continue from the newest valid checkpoint in training.checkpoint.dir.")
+def train(job: str, overrides: Sequence[str], resume: bool) -> None:
+    """Train as one rank of a job (what horovodrun or mpirun starts on every rank)."""
+    from hvdk8s import train as trainer
+    from hvdk8s.data.shards import ShardFormatError
+
+    spec = _load(job, overrides)
+    try:
+        trainer.run(spec, resume=resume)
+    except ShardFormatError as e:
+        err.print(f"[bold red]error:[/] dataset.path: {e}", highlight=False)
+        sys.exit(2)
+
+
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--local", "local", is_flag=True, help="Run the ranks on this machine.")
+@click.option("-np", "--num-proc", "np", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Number of ranks (with --local).")
+@click.option("--mpi", "controller", flag_value="mpi", default=True,
+              help="Horovod's MPI controller (default: measured faster).")
+@click.option("--gloo", "controller", flag_value="gloo", help="Horovod's Gloo controller.")
+@click.option("--no-resume", is_flag=True, help="Start from scratch even if checkpoints exist.")
+@_set_option
+def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, overrides: Sequence[str]) -> None:
+    """Run a job: `--local -np N` starts N ranks here and follows rank 0's progress."""
+    from hvdk8s.launch import local as local_launch
+
+    _load(job, overrides)  # fail here, once, rather than in every rank
+    if not local:
+        err.print("[bold red]error:[/] cluster launch is not available in this version; "
+                  "use `hvdk8s launch --local -np N JOB`")
+        sys.exit(2)
+    try:
+        code = local_launch.run(job, np, controller, overrides, ["--no-resume"] if no_resume else [])
+    except local_launch.LaunchError as e:
+        err.print(f"[bold red]error:[/] {e}")
+        sys.exit(2)
+    if code:
+        err.print(f"[bold red]error:[/] the ranks exited with status {code}")
+    sys.exit(code)
+
+
+def main() -> None:
+    cli(prog_name="hvdk8s")

@@ -1,0 +1,1 @@
+"""Launchers: where the ranks of a job run (`local`: this machine through horovodrun)."""

@@ -1,0 +1,133 @@
+"""`hvdk8s launch --local`: N ranks of `hvdk8s train` on this machine through horovodrun.
+
+The controller defaults to MPI: on 2 CPU ranks Gloo took 1.64x as long per step
+(bench/allreduce_defaults.py; about 1.5x in earlier measurements by hand). Rank 0's events are drawn as progress; other output passes through.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from hvdk8s import events
+
+CONTROLLERS = ("mpi", "gloo")
+DEFAULT_CONTROLLER = "mpi"
+
+
+class LaunchError(RuntimeError):
+    """The ranks could not be started (missing tool, bad arguments)."""
+
+
+def horovodrun() -> str:
+    """horovodrun from this interpreter's environment first, then PATH."""
+    found = shutil.which("horovodrun", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                            os.environ.get("PATH", "")]))
+    if not found:
+        raise LaunchError("horovodrun not found: install Horovod (bash scripts/setup.sh does) or activate its venv")
+    return found
+
+
+def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLER) -> list[str]:
+    """The horovodrun command line that starts `np` ranks of `program` (argv) on this machine."""
+    if controller not in CONTROLLERS:
+        raise LaunchError(f"controller must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
+    if np < 1:
+        raise LaunchError(f"-np must be at least 1, got {np}")
+    return [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *program]
+
+
+def train_program(job_path: str, overrides: Sequence[str] = (), train_args: Sequence[str] = ()) -> list[str]:
+    """argv of one rank of `hvdk8s train` for a job file."""
+    return [sys.executable, "-m", "hvdk8s", "train", str(job_path), *[f"--set={o}" for o in overrides], *train_args]
+
+
+def environment(np: int, base: Optional[dict] = None) -> dict[str, str]:
+    """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON."""
+    env = dict(os.environ if base is None else base)
+    cores = os.cpu_count() or 1
+    env.update({
+        "OMP_NUM_THREADS": str(max(1, cores // np)),
+        # Containers and CI run as root; OpenMPI refuses that unless told.
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # More ranks than cores is fine for a local run (slower, not wrong).
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "PYTHONUNBUFFERED": "1",
+        "HVDK8S_EVENTS": "json",
+        "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    })
+    return env
+
+
+def run(job_path: str, np: int, controller: str = DEFAULT_CONTROLLER, overrides: Sequence[str] = (),
+        train_args: Sequence[str] = (), console=None) -> int:
+    """Start the ranks, draw rank 0's progress, and return their exit status."""
+    from rich.console import Console
+
+    console = console or Console()
+    cmd = command(train_program(job_path, overrides, train_args), np, controller)
+    view = _ProgressView(console)
+    proc = subprocess.Popen(cmd, env=environment(np), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = events.parse(line)
+            if event is None:
+                view.passthrough(line.rstrip("\n"))
+            else:
+                view.show(event)
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        return 130
+    finally:
+        view.close()
+
+
+class _ProgressView:
+    """A progress bar per epoch where the console is a terminal; plain lines elsewhere."""
+
+    def __init__(self, console):
+        self.console = console
+        self.progress = None
+        self.task = None
+
+    def passthrough(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def show(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == "progress":
+            if self.console.is_terminal:
+                self._bar(event)
+            return
+        self._close_bar()
+        text = events.format_text(event)
+        style = {"done": "bold green", "epoch": None, "start": "bold"}.get(kind)
+        self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+    def _bar(self, event: dict) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self.progress is None:
+            self.progress = Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("loss {task.fields[loss]:.4f}"),
+                                     TextColumn("{task.fields[rate]:.0f} samples/s"), TimeElapsedColumn(),
+                                     console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=event["steps"], epoch=event["epoch"], loss=0.0, rate=0.0)
+        self.progress.update(self.task, completed=event["step"], epoch=event["epoch"], loss=event["loss"],
+                             rate=event["samples_per_s"])
+
+    def _close_bar(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def close(self) -> None:
+        self._close_bar()

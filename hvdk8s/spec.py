@@ -1,0 +1,266 @@
+"""The job file: one YAML document that describes a training job, validated into a `JobSpec`.
+
+The same JobSpec feeds `hvdk8s train` (each rank), `hvdk8s launch --local` and the cluster side.
+Every problem is reported with the field path it concerns (`training.batch_size`) and what is
+allowed there; `JobFileError` carries all of them at once.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hvdk8s.data import catalog
+from hvdk8s.models import registry
+
+Framework = Literal["pytorch", "tensorflow"]
+Compression = Literal["auto", "fp16", "none"]
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    name: str = Field(description="registry name: mlp, cnn, resnet or transformer")
+    args: dict[str, Any] = Field(default_factory=dict, description="the model's own arguments")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in registry.REGISTRY:
+            raise ValueError(f"unknown model {v!r}; registered models: {', '.join(sorted(registry.REGISTRY))}")
+        return v
+
+
+class DatasetSpec(_Strict):
+    name: Optional[str] = Field(default=None, description="a built-in dataset: " + ", ".join(catalog.BUILTIN))
+    path: Optional[str] = Field(default=None, description="a directory in the hvdk8s shard format")
+    args: dict[str, Any] = Field(default_factory=dict, description="the built-in dataset's arguments")
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0,
+                                 description="held-out share of a built-in dataset")
+    splits: dict[Literal["train", "test"], str] = Field(
+        default_factory=lambda: {"train": "train", "test": "test"},
+        description="sub-directory of `path` holding each split's shards and index")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in catalog.BUILTIN:
+            raise ValueError(f"unknown dataset {v!r}; built-in datasets: {', '.join(catalog.BUILTIN)} "
+                             "(or give `path` to a dataset in the shard format)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetSpec":
+        if (self.name is None) == (self.path is None):
+            raise ValueError("give exactly one of `name` (a built-in dataset) or `path` (shard format)")
+        if self.path is not None and self.args:
+            raise ValueError("`args` applies to built-in datasets only; a `path` dataset is described by its index")
+        return self
+
+
+class CheckpointSpec(_Strict):
+    dir: Optional[str] = Field(default=None, description="where rank 0 writes checkpoints; none: no checkpoints")
+    interval_epochs: int = Field(default=1, gt=0)
+    keep: int = Field(default=3, ge=1, description="newest checkpoints kept")
+
+
+class TrainingSpec(_Strict):
+    epochs: int = Field(gt=0)
+    batch_size: int = Field(gt=0, description="samples per rank per backward pass")
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    learning_rate: float = Field(gt=0.0, description="for one rank; scaled by lr_scaling")
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    lr_scaling: Literal["linear", "sqrt", "none"] = Field(
+        default="linear", description="how the learning rate grows with the number of ranks")
+    warmup_epochs: float = Field(default=0.0, ge=0.0,
+                                 description="epochs over which the rate ramps from learning_rate to its scaled value")
+    compression: Compression = Field(
+        default="auto", description="gradient compression: auto picks fp16 only where gradients cross a "
+                                    "network between GPU nodes")
+    backward_passes_per_step: int = Field(default=1, ge=1)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    seed: int = Field(default=0, ge=0)
+
+
+class ResourcesSpec(_Strict):
+    workers: int = Field(default=1, ge=1, description="worker pods (one per node)")
+    gpus_per_worker: int = Field(default=0, ge=0)
+    cpu: Union[str, int, float] = Field(default="4", description="CPU request per worker (Kubernetes quantity)")
+    memory: str = Field(default="16Gi", description="memory request per worker (Kubernetes quantity)")
+    rdma: bool = False
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, v: Union[str, int, float]) -> str:
+        s = str(v)
+        if not _QUANTITY.match(s):
+            raise ValueError(f"{s!r} is not a Kubernetes quantity (examples: 4, 500m, 16Gi)")
+        return s
+
+
+class JobSpec(_Strict):
+    name: str = Field(description="job name: lower-case letters, digits and '-', starting with a letter")
+    framework: Framework
+    model: ModelSpec
+    dataset: DatasetSpec
+    training: TrainingSpec
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    image: str = "ghcr.io/hvdk8s/hvdk8s-gpu:0.1.0"
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if len(v) > 40 or not _NAME.match(v):
+            raise ValueError("must be at most 40 lower-case letters, digits or '-', start with a letter and "
+                             "not end with '-' (it names Kubernetes objects)")
+        return v
+
+    @property
+    def model_args(self) -> BaseModel:
+        return registry.get(self.model.name).args(**self.model.args)
+
+    @property
+    def dataset_args(self) -> BaseModel:
+        return catalog.BUILTIN[self.dataset.name][0](**self.dataset.args) if self.dataset.name else None
+
+
+class JobFileError(Exception):
+    """A job file that cannot be used; `problems` lists (field path, message) pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {path or '(top level)'}: {msg}" for path, msg in problems)
+        super().__init__(f"{source}: invalid job file\n{lines}")
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names allowed at `loc` (for 'unknown field' messages)."""
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return []
+    return list(model.model_fields)
+
+
+def _problems(err: ValidationError, model: type[BaseModel], prefix: tuple = ()) -> list[tuple[str, str]]:
+    out = []
+    for e in err.errors(include_url=False):
+        loc = prefix + tuple(e["loc"])
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(model, tuple(e["loc"])[:-1])
+            msg = "unknown field" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] not in ("value_error", "assertion_error") and "input" in e:
+                msg += f" (got {e['input']!r})"
+        out.append((_path(loc), msg))
+    return out
+
+
+def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
+    """Rules that span fields: each model's and dataset's own arguments, and their pairing."""
+    problems = []
+    entry = registry.get(spec.model.name)
+    try:
+        entry.args(**spec.model.args)
+    except ValidationError as e:
+        problems += _problems(e, entry.args, ("model", "args"))
+    if spec.framework not in entry.builders:
+        problems.append(("framework", f"model {entry.name!r} is not yet available for {spec.framework} "
+                                      f"(available for: {', '.join(sorted(entry.builders))})"))
+    if spec.dataset.name:
+        args_model, task = catalog.BUILTIN[spec.dataset.name]
+        try:
+            args_model(**spec.dataset.args)
+        except ValidationError as e:
+            problems += _problems(e, args_model, ("dataset", "args"))
+        if task != entry.task:
+            problems.append(("dataset.name", f"dataset {spec.dataset.name!r} feeds {task.replace('_', ' ')} "
+                                             f"models, but model {entry.name!r} is a {entry.task.replace('_', ' ')} model"))
+    return problems
+
+
+def parse_job(data: Any, source: str = "<job>") -> JobSpec:
+    """Validate an already-loaded job document (a dict)."""
+    if not isinstance(data, dict):
+        raise JobFileError(source, [("", f"expected a mapping of fields, got {type(data).__name__}")])
+    try:
+        spec = JobSpec(**data)
+    except ValidationError as e:
+        raise JobFileError(source, _problems(e, JobSpec)) from None
+    problems = _cross_checks(spec)
+    if problems:
+        raise JobFileError(source, problems)
+    return spec
+
+
+def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a job document, returning a copy."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise JobFileError(source, [(key or item, f"override {item!r} must look like field.path=value")])
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise JobFileError(source, [(key, f"cannot set a field inside {part!r}, which is not a mapping")])
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_job(path: Union[str, Path], overrides: Optional[list[str]] = None) -> JobSpec:
+    """Read and validate a job file. Raises JobFileError (never a bare YAML or pydantic error)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobFileError(source, [("", "file not found")]) from None
+    except OSError as e:
+        raise JobFileError(source, [("", f"cannot read: {e.strerror}")]) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise JobFileError(source, [("", f"not valid YAML: {where}{getattr(e, 'problem', None) or e}")]) from None
+    if len(docs) != 1:
+        raise JobFileError(source, [("", f"expected exactly one YAML document, found {len(docs)}")])
+    data = docs[0]
+    if overrides:
+        if not isinstance(data, dict):
+            raise JobFileError(source, [("", "expected a mapping of fields")])
+        data = apply_overrides(data, overrides, source)
+    return parse_job(data, source)
+
+
+def dump_job(spec: JobSpec) -> str:
+    """The job as canonical YAML (defaults filled in, stable key order)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

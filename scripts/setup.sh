@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything hvdk8s needs on a Debian machine: OpenMPI, cmake and a C++
+# compiler from apt; a .venv with the pinned frameworks; Horovod built once from its sdist and cached
+# outside the repository, so a second set-up (even in a fresh clone) takes seconds.
+#
+# Environment: PYTHON (interpreter for the venv, default python3), HVDK8S_VENV (default ./.venv),
+# HVDK8S_CACHE_DIR (default ~/.cache/hvdk8s), HVDK8S_REBUILD_HOROVOD=1 to ignore the cached wheel.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HVDK8S_VENV:-$ROOT/.venv}
+CACHE=${HVDK8S_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
+PY=${PYTHON:-python3}
+CONSTRAINTS=$ROOT/constraints.txt
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+pin() { sed -n "s/^$1==//p" "$CONSTRAINTS"; }
+
+# --- 1. system packages -------------------------------------------------------------------------
+has_python_headers() {
+  "$PY" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null
+}
+apt_needed=()
+command -v mpirun >/dev/null 2>&1 || apt_needed+=(openmpi-bin)
+command -v mpicxx >/dev/null 2>&1 || apt_needed+=(libopenmpi-dev)
+command -v cmake >/dev/null 2>&1 || apt_needed+=(cmake)
+command -v g++ >/dev/null 2>&1 || apt_needed+=(g++)
+command -v make >/dev/null 2>&1 || apt_needed+=(make)
+command -v "$PY" >/dev/null 2>&1 || apt_needed+=(python3)
+"$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_needed+=(python3-venv)
+has_python_headers || apt_needed+=(python3-dev)
+if [ ${#apt_needed[@]} -gt 0 ]; then
+  command -v apt-get >/dev/null 2>&1 || die "missing ${apt_needed[*]} and no apt-get: install them by hand"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || die "missing ${apt_needed[*]}: run as root or install them"
+    sudo="sudo"
+  fi
+  say "installing from apt: ${apt_needed[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_needed[@]}" >/dev/null
+fi
+
+# --- 2. virtual environment ---------------------------------------------------------------------
+[ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
+VPY=$VENV/bin/python
+pip_install() { "$VPY" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" "$@"; }
+
+# Everything below is skipped when nothing it depends on changed since the last set-up.
+stamp_key=$(cat "$CONSTRAINTS" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/cxx17" | sha256sum | cut -c1-16)
+stamp=$VENV/.hvdk8s-setup
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] \
+   && "$VPY" -c 'import horovod.torch, horovod.tensorflow, hvdk8s' >/dev/null 2>&1; then
+  say "up to date ($VENV)"
+  exit 0
+fi
+
+say "installing torch $(pin torch) and tensorflow-cpu $(pin tensorflow-cpu)"
+pip_install "torch==$(pin torch)" "tensorflow-cpu==$(pin tensorflow-cpu)" setuptools wheel
+
+# --- 3. Horovod, built once per (horovod, torch, tensorflow, python) and cached -----------------
+hvd_version=$(pin horovod)
+py_tag=$("$VPY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+build_key=$(printf '%s\n' "horovod=$hvd_version" "torch=$(pin torch)" "tf=$(pin tensorflow-cpu)" \
+  "py=$py_tag" "arch=$(uname -m)" "$(cat "$ROOT/scripts/cxx17")" | sha256sum | cut -c1-12)
+wheel_dir=$CACHE/wheels/horovod-$hvd_version-$build_key
+wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n1 || true)
+if [ -z "$wheel" ] || [ "${HVDK8S_REBUILD_HOROVOD:-0}" = 1 ]; then
+  say "building Horovod $hvd_version with PyTorch, TensorFlow, MPI and Gloo (5-10 minutes, once per machine)"
+  mkdir -p "$CACHE/wheels"
+  tmp=$(mktemp -d "$CACHE/wheels/.build-XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  cmake_major=$(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p')
+  policy=()
+  [ "${cmake_major:-3}" -ge 4 ] && policy=(CMAKE_POLICY_VERSION_MINIMUM=3.5)
+  if ! env "${policy[@]}" \
+      HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+      HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+      CXX="$ROOT/scripts/cxx17" MAKEFLAGS="-j$(nproc)" \
+      "$VPY" -m pip wheel -v --no-deps --no-build-isolation --no-cache-dir \
+        -w "$tmp" "horovod==$hvd_version" >"$tmp/build.log" 2>&1; then
+    cp "$tmp/build.log" "$CACHE/wheels/build.log"
+    tail -n 40 "$tmp/build.log" >&2
+    die "Horovod build failed; the full log is $CACHE/wheels/build.log"
+  fi
+  cp "$tmp/build.log" "$CACHE/wheels/build.log"
+  rm -rf "$wheel_dir"
+  mkdir -p "$tmp/out" && mv "$tmp"/horovod-*.whl "$tmp/out/" && mv "$tmp/out" "$wheel_dir"
+  wheel=$(ls "$wheel_dir"/horovod-*.whl | head -n1)
+else
+  say "using cached Horovod wheel $wheel"
+fi
+pip_install --no-deps --force-reinstall "$wheel"
+# Horovod's own runtime requirements (its wheel was installed without them).
+pip_install cloudpickle psutil pyyaml packaging
+
+# --- 4. hvdk8s itself, editable -----------------------------------------------------------------
+say "installing hvdk8s (editable) with its test tools"
+pip_install -e "$ROOT[torch,tensorflow,train,test]"
+
+"$VPY" - <<'PY' || die "Horovod is installed but lacks a required part (see above)"
+import horovod.torch as ht, horovod.tensorflow as hf
+missing = [n for n, ok in [("torch MPI", ht.mpi_built()), ("torch Gloo", ht.gloo_built()),
+                           ("tensorflow MPI", hf.mpi_built()), ("tensorflow Gloo", hf.gloo_built())] if not ok]
+if missing:
+    raise SystemExit("Horovod built without: " + ", ".join(missing))
+PY
+echo "$stamp_key" >"$stamp"
+say "ready: $VENV ($("$VPY" -c 'import horovod, torch, tensorflow as tf; print(f"horovod {horovod.__version__}, torch {torch.__version__}, tensorflow {tf.__version__}")' 2>/dev/null))"

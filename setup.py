@@ -1,0 +1,47 @@
+"""hvdk8s: Horovod training from one laptop to a Kubernetes GPU cluster.
+
+The repository keeps `mpijob/`, `models/` and `data/` at its top level (the design card), but they
+install inside the one namespace `hvdk8s` so that no generic name lands in site-packages.
+"""
+from setuptools import setup
+
+PACKAGE_DIR = {
+    "hvdk8s": "hvdk8s",
+    "hvdk8s.mpijob": "mpijob",
+    "hvdk8s.models": "models",
+    "hvdk8s.data": "data",
+}
+
+setup(
+    name="hvdk8s",
+    version="0.1.0",
+    description="Horovod data-parallel training, locally and on Kubernetes (Kubeflow MPIJob)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    package_dir=PACKAGE_DIR,
+    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data"],
+    # Light core: validating and rendering jobs needs neither framework nor Horovod.
+    install_requires=[
+        "pydantic>=2.5,<3",
+        "pyyaml>=6",
+        "click>=8.1",
+        "rich>=13",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        # Exact versions live in constraints.txt; Horovod itself is built by scripts/setup.sh
+        # (it has no wheels and needs a C++17 shim), so it is not a pip requirement here.
+        "torch": ["torch>=2.1"],
+        "tensorflow": ["tensorflow-cpu>=2.16"],
+        "train": ["scikit-learn>=1.3"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2"],
+    },
+    entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)

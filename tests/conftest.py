@@ -1,0 +1,54 @@
+"""Shared helpers: run the real CLI, and start real Horovod ranks through the project's launcher."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK_SCRIPTS = Path(__file__).resolve().parent / "ranks"
+DIGITS_JOB = ROOT / "examples" / "digits.yaml"
+
+
+def cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`hvdk8s ARGS` as a user runs it (a separate process, output captured)."""
+    return subprocess.run([sys.executable, "-m", "hvdk8s", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def run_ranks(script: str, *args: str, np: int = 2, controller: str = "mpi", timeout: float = 300):
+    """Run SCRIPT (a path, or a name in tests/ranks) on `np` real Horovod ranks; fail with their output if any rank fails."""
+    from hvdk8s.launch import local
+
+    path = Path(script) if Path(script).is_absolute() else RANK_SCRIPTS / script
+    cmd = local.command([sys.executable, str(path), *map(str, args)], np, controller)
+    proc = subprocess.run(cmd, env=local.environment(np), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, f"ranks failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def rank_results(out_dir: Path, np: int = 2) -> list[dict]:
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np)]
+
+
+@pytest.fixture
+def job_file(tmp_path):
+    """Write a job file from the digits example with fields changed: job_file({"training": {...}})."""
+
+    def make(changes: dict | None = None, name: str = "job.yaml") -> Path:
+        data = yaml.safe_load(DIGITS_JOB.read_text())
+        for section, value in (changes or {}).items():
+            if isinstance(value, dict) and isinstance(data.get(section), dict):
+                data[section].update(value)
+            else:
+                data[section] = value
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return make

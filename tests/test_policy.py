@@ -1,0 +1,49 @@
+"""Defaults that follow measurement: compression `auto`, learning-rate scaling and warmup, controller."""
+import pytest
+
+from hvdk8s.compression import resolve
+from hvdk8s.launch import local
+from hvdk8s.train import lr_scale, warmup_lr
+
+
+@pytest.mark.parametrize("on_gpu,nodes,expected", [
+    (False, 1, "none"),  # CPU: fp16 measured ~2x slower per step
+    (False, 4, "none"),
+    (True, 1, "none"),   # one node: NVLink / shared memory, nothing to save on the wire
+    (True, 2, "fp16"),   # gradients cross the network between GPU nodes
+])
+def test_auto_compression(on_gpu, nodes, expected):
+    assert resolve("auto", on_gpu=on_gpu, nodes=nodes) == expected
+
+
+def test_explicit_compression_wins():
+    assert resolve("fp16", on_gpu=False, nodes=1) == "fp16"
+    assert resolve("none", on_gpu=True, nodes=8) == "none"
+    with pytest.raises(ValueError):
+        resolve("int8", on_gpu=False, nodes=1)
+
+
+def test_lr_scaling_rules():
+    assert lr_scale("linear", 8, 1) == 8
+    assert lr_scale("linear", 4, 2) == 8  # accumulated passes grow the global batch too
+    assert lr_scale("sqrt", 16, 1) == 4
+    assert lr_scale("none", 16, 4) == 1
+
+
+def test_warmup_ramps_linearly_to_peak():
+    assert warmup_lr(0, 4, 0.1, 0.5) == pytest.approx(0.2)
+    assert warmup_lr(3, 4, 0.1, 0.5) == pytest.approx(0.5)
+    assert warmup_lr(10, 4, 0.1, 0.5) == 0.5
+    assert warmup_lr(0, 0, 0.1, 0.5) == 0.5
+
+
+def test_local_launch_defaults_to_mpi_and_allows_root(monkeypatch):
+    monkeypatch.setattr(local, "horovodrun", lambda: "horovodrun")
+    cmd = local.command(["prog"], 3)
+    assert cmd == ["horovodrun", "-np", "3", "-H", "localhost:3", "--mpi", "prog"]
+    env = local.environment(2, {})
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["HVDK8S_EVENTS"] == "json"
+    with pytest.raises(local.LaunchError):
+        local.command(["prog"], 0)
+    with pytest.raises(local.LaunchError):
+        local.command(["prog"], 2, "nccl")
