@@ -80,15 +80,18 @@ class ModelEntry:
         return getattr(importlib.import_module(module_name), func)(parsed, **dataset_info)
 
 
-_TORCH = "hvdk8s.models.torch_models"
+def _builders(name: str) -> dict[str, str]:
+    return {"pytorch": f"hvdk8s.models.torch_models:build_{name}",
+            "tensorflow": f"hvdk8s.models.tf_models:build_{name}"}
+
+
 REGISTRY: dict[str, ModelEntry] = {
     e.name: e
     for e in [
-        ModelEntry("mlp", MLPArgs, "classification", {"pytorch": f"{_TORCH}:build_mlp"}),
-        ModelEntry("cnn", CNNArgs, "classification", {"pytorch": f"{_TORCH}:build_cnn"}),
-        ModelEntry("resnet", ResNetArgs, "classification", {"pytorch": f"{_TORCH}:build_resnet"}),
-        ModelEntry("transformer", TransformerArgs, "language_model",
-                   {"pytorch": f"{_TORCH}:build_transformer"}),
+        ModelEntry("mlp", MLPArgs, "classification", _builders("mlp")),
+        ModelEntry("cnn", CNNArgs, "classification", _builders("cnn")),
+        ModelEntry("resnet", ResNetArgs, "classification", _builders("resnet")),
+        ModelEntry("transformer", TransformerArgs, "language_model", _builders("transformer")),
     ]
 }
 
@@ -101,6 +104,6 @@ def get(name: str) -> ModelEntry:
 
 
 def build(name: str, framework: str, args: dict[str, Any] | None = None, **dataset_info: Any):
-    """Build model `name` for `framework` ("pytorch"), sized by the dataset
+    """Build model `name` for `framework` ("pytorch" or "tensorflow"), sized by the dataset
     (`input_shape` and `num_classes` for classifiers, `vocab_size` and `seq_len` for language models)."""
     return get(name).build(framework, args or {}, **dataset_info)

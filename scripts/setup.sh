@@ -45,19 +45,18 @@ fi
 # --- 2. virtual environment ---------------------------------------------------------------------
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
 VPY=$VENV/bin/python
-pip_install() { "$VPY" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" "$@"; }
+# --no-compile: Python compiles what it imports on first use; compiling all of TensorFlow up front
+# would cost more than the rest of a cached set-up.
+pip_install() { "$VPY" -m pip install -q --no-compile --disable-pip-version-check -c "$CONSTRAINTS" "$@"; }
 
 # Everything below is skipped when nothing it depends on changed since the last set-up.
 stamp_key=$(cat "$CONSTRAINTS" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/cxx17" | sha256sum | cut -c1-16)
 stamp=$VENV/.hvdk8s-setup
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] \
-   && "$VPY" -c 'import horovod.torch, horovod.tensorflow, hvdk8s' >/dev/null 2>&1; then
+   && TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c 'import horovod.torch, horovod.tensorflow, hvdk8s' >/dev/null 2>&1; then
   say "up to date ($VENV)"
   exit 0
 fi
-
-say "installing torch $(pin torch) and tensorflow-cpu $(pin tensorflow-cpu)"
-pip_install "torch==$(pin torch)" "tensorflow-cpu==$(pin tensorflow-cpu)" setuptools wheel
 
 # --- 3. Horovod, built once per (horovod, torch, tensorflow, python) and cached -----------------
 hvd_version=$(pin horovod)
@@ -66,7 +65,11 @@ build_key=$(printf '%s\n' "horovod=$hvd_version" "torch=$(pin torch)" "tf=$(pin 
   "py=$py_tag" "arch=$(uname -m)" "$(cat "$ROOT/scripts/cxx17")" | sha256sum | cut -c1-12)
 wheel_dir=$CACHE/wheels/horovod-$hvd_version-$build_key
 wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n1 || true)
+frameworks=("torch==$(pin torch)" "tensorflow-cpu==$(pin tensorflow-cpu)")
 if [ -z "$wheel" ] || [ "${HVDK8S_REBUILD_HOROVOD:-0}" = 1 ]; then
+  # Horovod builds against the installed frameworks (--no-build-isolation), so they come first.
+  say "installing ${frameworks[*]}"
+  pip_install "${frameworks[@]}" setuptools wheel
   say "building Horovod $hvd_version with PyTorch, TensorFlow, MPI and Gloo (5-10 minutes, once per machine)"
   mkdir -p "$CACHE/wheels"
   tmp=$(mktemp -d "$CACHE/wheels/.build-XXXXXX")
@@ -88,18 +91,15 @@ if [ -z "$wheel" ] || [ "${HVDK8S_REBUILD_HOROVOD:-0}" = 1 ]; then
   rm -rf "$wheel_dir"
   mkdir -p "$tmp/out" && mv "$tmp"/horovod-*.whl "$tmp/out/" && mv "$tmp/out" "$wheel_dir"
   wheel=$(ls "$wheel_dir"/horovod-*.whl | head -n1)
+  "$VPY" -m pip uninstall -q -y horovod >/dev/null 2>&1 || true  # same version, new build: replace it
 else
   say "using cached Horovod wheel $wheel"
 fi
-pip_install --no-deps --force-reinstall "$wheel"
-# Horovod's own runtime requirements (its wheel was installed without them).
-pip_install cloudpickle psutil pyyaml packaging
+# One resolver pass for everything: frameworks, the Horovod wheel (with its runtime needs), hvdk8s.
+say "installing ${frameworks[*]}, Horovod $hvd_version and hvdk8s (editable, with test tools)"
+pip_install "${frameworks[@]}" "$wheel" -e "$ROOT[torch,tensorflow,train,test]"
 
-# --- 4. hvdk8s itself, editable -----------------------------------------------------------------
-say "installing hvdk8s (editable) with its test tools"
-pip_install -e "$ROOT[torch,tensorflow,train,test]"
-
-"$VPY" - <<'PY' || die "Horovod is installed but lacks a required part (see above)"
+TF_CPP_MIN_LOG_LEVEL=3 "$VPY" - <<'PY' || die "Horovod is installed but lacks a required part (see above)"
 import horovod.torch as ht, horovod.tensorflow as hf
 missing = [n for n, ok in [("torch MPI", ht.mpi_built()), ("torch Gloo", ht.gloo_built()),
                            ("tensorflow MPI", hf.mpi_built()), ("tensorflow Gloo", hf.gloo_built())] if not ok]
@@ -107,4 +107,4 @@ if missing:
     raise SystemExit("Horovod built without: " + ", ".join(missing))
 PY
 echo "$stamp_key" >"$stamp"
-say "ready: $VENV ($("$VPY" -c 'import horovod, torch, tensorflow as tf; print(f"horovod {horovod.__version__}, torch {torch.__version__}, tensorflow {tf.__version__}")' 2>/dev/null))"
+say "ready: $VENV ($(TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c 'import horovod, torch, tensorflow as tf; print(f"horovod {horovod.__version__}, torch {torch.__version__}, tensorflow {tf.__version__}")' 2>/dev/null))"
