@@ -25,7 +25,7 @@ start, _ = htf.load_checkpoint(ckpt_dir, model, optimizer)  # rank 0 reads, all 
 
 train, test = train_test_split(digits(), 0.2)
 data = sharded_dataset(train, 32, rank=htf.rank(), size=htf.size(), seed=0, first_epoch=start + 1)
-model.fit(data, epochs=epochs, initial_epoch=start, verbose=0,
+model.fit(data, epochs=epochs, initial_epoch=start, verbose=0, shuffle=False,  # reordered per epoch already
           callbacks=[*htf.callbacks(),  # broadcast from rank 0 at the start, metrics averaged over ranks
                      htf.LearningRateWarmup(0.05, lr, warmup_epochs=1, steps_per_epoch=len(data)),
                      htf.Checkpoint(ckpt_dir)])  # rank 0 only, atomic

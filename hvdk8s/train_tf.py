@@ -102,7 +102,8 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
                                         on_saved=lambda e, p: report.emit("checkpoint", epoch=e, path=str(p))))
     began = time.perf_counter()
     if start_epoch <= t.epochs:
-        model.fit(train_data, epochs=t.epochs, initial_epoch=start_epoch - 1, callbacks=callbacks, verbose=0)
+        model.fit(train_data, epochs=t.epochs, initial_epoch=start_epoch - 1, callbacks=callbacks, verbose=0,
+                  shuffle=False)  # the pipeline already reorders every epoch
         test_acc = reporter.test_accuracy
         if t.checkpoint.dir and t.epochs % t.checkpoint.interval_epochs:
             htf.save_checkpoint(t.checkpoint.dir, t.epochs, model, optimizer, t.checkpoint.keep)

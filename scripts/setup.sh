@@ -52,8 +52,8 @@ pip_install() { "$VPY" -m pip install -q --no-compile --disable-pip-version-chec
 # Everything below is skipped when nothing it depends on changed since the last set-up.
 stamp_key=$(cat "$CONSTRAINTS" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/cxx17" | sha256sum | cut -c1-16)
 stamp=$VENV/.hvdk8s-setup
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] \
-   && TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c 'import horovod.torch, horovod.tensorflow, hvdk8s' >/dev/null 2>&1; then
+# (The stamp is written only after the full check at the end, so finding it is enough here.)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_key" ] && "$VPY" -c 'import hvdk8s' >/dev/null 2>&1; then
   say "up to date ($VENV)"
   exit 0
 fi
@@ -95,16 +95,36 @@ if [ -z "$wheel" ] || [ "${HVDK8S_REBUILD_HOROVOD:-0}" = 1 ]; then
 else
   say "using cached Horovod wheel $wheel"
 fi
-# One resolver pass for everything: frameworks, the Horovod wheel (with its runtime needs), hvdk8s.
-say "installing ${frameworks[*]}, Horovod $hvd_version and hvdk8s (editable, with test tools)"
-pip_install "${frameworks[@]}" "$wheel" -e "$ROOT[torch,tensorflow,train,test]"
+# Everything hvdk8s needs, pinned by what the last online install resolved, is kept as wheels so
+# that set-ups in other clones on this machine install offline (pip's own cache is often disabled).
+wheelhouse=$CACHE/wheelhouse-$(cat "$CONSTRAINTS" "$ROOT/setup.py" | sha256sum | cut -c1-12)
+extras="$ROOT[torch,tensorflow,train,test]"
+if [ -f "$wheelhouse/requirements.txt" ]; then
+  say "installing from the local wheelhouse $wheelhouse"
+  pip_install --no-index --find-links "$wheelhouse" -r "$wheelhouse/requirements.txt" "$wheel"
+  pip_install --no-index --no-deps --no-build-isolation -e "$ROOT"
+else
+  # One resolver pass for everything: frameworks, the Horovod wheel (with its runtime needs), hvdk8s.
+  say "installing ${frameworks[*]}, Horovod $hvd_version and hvdk8s (editable, with test tools)"
+  pip_install "${frameworks[@]}" "$wheel" -e "$extras"
+  say "keeping the installed wheels in $wheelhouse for the next set-up"
+  rm -rf "$wheelhouse.tmp" && mkdir -p "$wheelhouse.tmp"
+  "$VPY" -m pip freeze --all --exclude-editable | grep -vE '^(horovod|pip)[ =@]' >"$wheelhouse.tmp/requirements.txt"
+  if "$VPY" -m pip download -q --no-deps -d "$wheelhouse.tmp" -r "$wheelhouse.tmp/requirements.txt" >/dev/null 2>&1; then
+    rm -rf "$wheelhouse" && mv "$wheelhouse.tmp" "$wheelhouse"
+  else
+    rm -rf "$wheelhouse.tmp"  # not fatal: the next set-up installs online again
+  fi
+fi
 
-TF_CPP_MIN_LOG_LEVEL=3 "$VPY" - <<'PY' || die "Horovod is installed but lacks a required part (see above)"
-import horovod.torch as ht, horovod.tensorflow as hf
+check_build='
+import horovod, horovod.tensorflow as hf, horovod.torch as ht, tensorflow as tf, torch
 missing = [n for n, ok in [("torch MPI", ht.mpi_built()), ("torch Gloo", ht.gloo_built()),
                            ("tensorflow MPI", hf.mpi_built()), ("tensorflow Gloo", hf.gloo_built())] if not ok]
 if missing:
     raise SystemExit("Horovod built without: " + ", ".join(missing))
-PY
+print(f"horovod {horovod.__version__}, torch {torch.__version__}, tensorflow {tf.__version__}")
+'
+versions=$(TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "$check_build") || die "Horovod is installed but lacks a required part (see above)"
 echo "$stamp_key" >"$stamp"
-say "ready: $VENV ($(TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c 'import horovod, torch, tensorflow as tf; print(f"horovod {horovod.__version__}, torch {torch.__version__}, tensorflow {tf.__version__}")' 2>/dev/null))"
+say "ready in ${SECONDS}s: $VENV ($versions)"

@@ -27,13 +27,13 @@ res["allreduce_average"] = htf.allreduce([1.0 + rank, 10.0 * rank]).tolist()
 keras.utils.set_random_seed(100 + rank)
 model = build("cnn", "tensorflow", {"channels": [8]}, input_shape=[1, 8, 8], num_classes=10)
 opt = htf.distribute(keras.optimizers.Adam(1e-2))
-res["before_broadcast"] = weights_digest(model)
 if rank == 0:  # rank 0 alone has taken a step (as after a resume)
     opt.build(model.trainable_variables)
     with tf.GradientTape() as tape:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
             np.array([1, 2]), model(np.random.rand(2, 1, 8, 8).astype("float32")))
     keras.optimizers.Adam.apply(opt, tape.gradient(loss, model.trainable_variables))  # local step, no allreduce
+res["before_broadcast"] = weights_digest(model)
 res["rank0_opt_before"] = parameter_digest({str(i): np.asarray(v) for i, v in enumerate(opt.variables)}) \
     if opt.built else None
 htf.broadcast_state(model, opt)
