@@ -94,5 +94,22 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, ove
     sys.exit(code)
 
 
+@cli.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(file_okay=False),
+              help="Write configmap.yaml, mpijob.yaml and kustomization.yaml here instead of printing.")
+@_set_option
+def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
+    """Render the Kubeflow MPIJob (and the ConfigMap carrying the job file) as deterministic YAML."""
+    from hvdk8s.mpijob import render as renderer
+
+    spec = _load(job, overrides)
+    if output:
+        for path in renderer.write_directory(spec, output):
+            click.echo(str(path))
+    else:
+        click.echo(renderer.to_yaml(renderer.render(spec)), nl=False)
+
+
 def main() -> None:
     cli(prog_name="hvdk8s")

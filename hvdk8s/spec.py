@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
@@ -21,6 +22,8 @@ Compression = Literal["auto", "fp16", "none"]
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class _Strict(BaseModel):
@@ -91,20 +94,97 @@ class TrainingSpec(_Strict):
     seed: int = Field(default=0, ge=0)
 
 
-class ResourcesSpec(_Strict):
-    workers: int = Field(default=1, ge=1, description="worker pods (one per node)")
-    gpus_per_worker: int = Field(default=0, ge=0)
-    cpu: Union[str, int, float] = Field(default="4", description="CPU request per worker (Kubernetes quantity)")
-    memory: str = Field(default="16Gi", description="memory request per worker (Kubernetes quantity)")
-    rdma: bool = False
+def _quantity(value: Union[str, int, float]) -> str:
+    s = str(value)
+    if not _QUANTITY.match(s):
+        raise ValueError(f"{s!r} is not a Kubernetes quantity (examples: 4, 500m, 16Gi)")
+    return s
 
-    @field_validator("cpu", "memory")
+
+Quantity = Annotated[Union[str, int, float], AfterValidator(_quantity)]
+
+
+class RDMASpec(_Strict):
+    """RDMA / RoCE networking for NCCL between nodes."""
+
+    enabled: bool = False
+    resource: str = Field(default="rdma/rdma_shared_device_a",
+                          description="device-plugin resource each worker requests (SR-IOV: e.g. nvidia.com/hostdev)")
+    count: int = Field(default=1, ge=1)
+    networks: Optional[str] = Field(default=None, description="Multus k8s.v1.cni.cncf.io/networks annotation")
+    hca: Optional[str] = Field(default=None, description="NCCL_IB_HCA, e.g. mlx5")
+    gid_index: int = Field(default=3, ge=0, description="NCCL_IB_GID_INDEX (3: RoCE v2 on most NICs)")
+    gdr_level: Optional[str] = Field(default=None, description="NCCL_NET_GDR_LEVEL, e.g. PHB")
+    socket_ifname: str = Field(default="eth0", description="NCCL_SOCKET_IFNAME: the pod interface for sockets")
+
+    @field_validator("resource")
     @classmethod
-    def _quantity(cls, v: Union[str, int, float]) -> str:
-        s = str(v)
-        if not _QUANTITY.match(s):
-            raise ValueError(f"{s!r} is not a Kubernetes quantity (examples: 4, 500m, 16Gi)")
-        return s
+    def _resource_name(cls, v: str) -> str:
+        if not _RESOURCE.match(v):
+            raise ValueError(f"{v!r} is not an extended resource name (domain/name, e.g. rdma/rdma_shared_device_a)")
+        return v
+
+
+class ResourcesSpec(_Strict):
+    gpus: int = Field(default=0, ge=0, description="GPUs for the whole job (0: a CPU job)")
+    gpus_per_node: int = Field(default=8, ge=1, description="GPUs on each node; one worker pod takes them all")
+    gpu_product: Optional[str] = Field(default=None, description="nodeSelector on nvidia.com/gpu.product")
+    workers: Optional[int] = Field(default=None, ge=1,
+                                   description="worker pods; derived from gpus for GPU jobs, default 1 for CPU jobs")
+    ranks_per_worker: int = Field(default=1, ge=1, description="ranks in each worker pod of a CPU job")
+    cpu: Quantity = Field(default="4", description="CPU per worker (Kubernetes quantity)")
+    memory: Quantity = Field(default="16Gi", description="memory per worker (Kubernetes quantity)")
+    shm_size: Quantity = Field(default="8Gi", description="/dev/shm per worker (NCCL and loaders outgrow 64Mi)")
+    rdma: RDMASpec = Field(default_factory=RDMASpec)
+
+    @field_validator("rdma", mode="before")
+    @classmethod
+    def _rdma_flag(cls, v: Any) -> Any:
+        return {"enabled": v} if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> "ResourcesSpec":
+        if self.gpus:
+            per_node = min(self.gpus, self.gpus_per_node)
+            if self.gpus % per_node:
+                raise ValueError(f"gpus ({self.gpus}) do not fill whole nodes of gpus_per_node "
+                                 f"({self.gpus_per_node}); use a multiple of {self.gpus_per_node}")
+            if self.workers is not None and self.workers != self.gpus // per_node:
+                raise ValueError(f"workers ({self.workers}) disagrees with gpus / gpus_per_node "
+                                 f"({self.gpus // per_node}); leave workers out for GPU jobs")
+        return self
+
+
+class SecretRef(_Strict):
+    secret: str
+    key: str
+
+
+class KubernetesSpec(_Strict):
+    """Where and how the job runs on a cluster (read by `hvdk8s render` and `hvdk8s launch`)."""
+
+    namespace: str = "default"
+    queue: Optional[str] = Field(default=None, description="Kueue LocalQueue; the job is created suspended")
+    service_account: Optional[str] = None
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+    secret_env: dict[str, SecretRef] = Field(default_factory=dict,
+                                            description="environment from Secrets, by reference only")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    run_as_user: int = Field(default=1000, ge=1, description="non-root uid of the image's MPI user")
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"
+    ttl_seconds_after_finished: Optional[int] = Field(default=None, ge=0)
+    backoff_limit: Optional[int] = Field(default=None, ge=0)
+    active_deadline_seconds: Optional[int] = Field(default=None, ge=1)
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names(cls, v: dict) -> dict:
+        bad = [k for k in v if not _ENV_NAME.match(k)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {', '.join(bad)}")
+        return v
 
 
 class JobSpec(_Strict):
@@ -114,6 +194,7 @@ class JobSpec(_Strict):
     dataset: DatasetSpec
     training: TrainingSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
     image: str = "ghcr.io/hvdk8s/hvdk8s-gpu:0.1.0"
 
     @field_validator("name")

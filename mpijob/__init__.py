@@ -1,2 +1,3 @@
-"""Kubeflow MPIJob (kubeflow.org/v2beta1) rendering from a job file. Not in this release yet: the job
-file already carries `resources` and `image`, which the renderer will read."""
+"""Kubeflow MPIJob (kubeflow.org/v2beta1) from a job file: `topology` (nodes and slots), `network`
+(RDMA and NCCL), `render` (objects and deterministic YAML), `validate` (CRD schema and the operator's
+rules)."""

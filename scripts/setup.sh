@@ -29,6 +29,7 @@ command -v g++ >/dev/null 2>&1 || apt_needed+=(g++)
 command -v make >/dev/null 2>&1 || apt_needed+=(make)
 command -v "$PY" >/dev/null 2>&1 || apt_needed+=(python3)
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_needed+=(python3-venv)
+command -v kubectl >/dev/null 2>&1 || apt_needed+=(kubernetes-client)  # tests: `kubectl kustomize`
 has_python_headers || apt_needed+=(python3-dev)
 if [ ${#apt_needed[@]} -gt 0 ]; then
   command -v apt-get >/dev/null 2>&1 || die "missing ${apt_needed[*]} and no apt-get: install them by hand"

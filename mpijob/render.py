@@ -1,0 +1,250 @@
+"""A JobSpec rendered as the Kubernetes objects that run it: a ConfigMap carrying the job file and a
+Kubeflow MPIJob (kubeflow.org/v2beta1), as plain dicts, and as deterministic YAML for GitOps.
+
+Each object or part is built by one small function, in the spirit of mpi-operator's controller. The
+operator adds the rest at run time: the hostfile and discover_hosts.sh ConfigMap (/etc/mpi), the SSH
+keys (mounted at sshAuthMountPath), the launcher Job and the worker Pods.
+
+The ranks are started by `mpirun` on the launcher through SSH into the workers, so they do not see
+the worker pods' environment: every variable they need is set on the launcher and forwarded (-x).
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hvdk8s.spec import JobSpec, dump_job
+
+from . import network
+from .topology import Topology, plan
+
+API_VERSION = "kubeflow.org/v2beta1"
+SSH_PORT = 2222
+JOB_DIR = "/etc/hvdk8s"
+JOB_FILE = f"{JOB_DIR}/job.yaml"
+CACHE_DIR = "/var/cache/hvdk8s"  # node-local dataset cache, shared by the jobs on a node
+MPI_USER_HOME = "/home/mpiuser"
+# The image's sshd, run by the non-root MPI user with its own config (see Dockerfile.gpu).
+SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{MPI_USER_HOME}/.sshd_config"]
+LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # mpirun only; no GPU
+LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
+FILES = ("configmap.yaml", "mpijob.yaml")
+
+
+def render(spec: JobSpec) -> list[dict[str, Any]]:
+    """The objects to apply, in apply order: the job-file ConfigMap, then the MPIJob."""
+    return [job_configmap(spec), mpijob(spec)]
+
+
+def job_configmap(spec: JobSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(spec, f"{spec.name}-job"),
+            "data": {"job.yaml": dump_job(spec)}}
+
+
+def mpijob(spec: JobSpec) -> dict[str, Any]:
+    topo = plan(spec.resources)
+    k8s = spec.kubernetes
+    metadata = _metadata(spec, spec.name)
+    if k8s.queue:
+        metadata["labels"]["kueue.x-k8s.io/queue-name"] = k8s.queue
+    return {
+        "apiVersion": API_VERSION, "kind": "MPIJob", "metadata": metadata,
+        "spec": {
+            "slotsPerWorker": topo.slots_per_worker,
+            "runPolicy": run_policy(spec),
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",  # no mpirun before every sshd answers
+            "sshAuthMountPath": f"{MPI_USER_HOME}/.ssh",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(spec, topo)},
+                "Worker": {"replicas": topo.workers, "restartPolicy": "OnFailure",
+                           "template": worker_template(spec, topo)},
+            },
+        },
+    }
+
+
+def run_policy(spec: JobSpec) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    policy: dict[str, Any] = {"cleanPodPolicy": k8s.clean_pod_policy}
+    for key, value in (("ttlSecondsAfterFinished", k8s.ttl_seconds_after_finished),
+                       ("backoffLimit", k8s.backoff_limit),
+                       ("activeDeadlineSeconds", k8s.active_deadline_seconds)):
+        if value is not None:
+            policy[key] = value
+    if k8s.queue:
+        policy["suspend"] = True  # Kueue admits (unsuspends) it when the queue has room
+    return policy
+
+
+def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
+    """Plain environment of every rank (secret-backed variables are added by reference elsewhere)."""
+    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text"}
+    if topo.gpus_per_worker:
+        env.update(network.nccl_env(spec.resources.rdma, topo))
+    else:
+        env["OMP_NUM_THREADS"] = str(max(1, math.floor(_cpu_cores(spec.resources.cpu) / topo.slots_per_worker)))
+    if topo.hierarchical_allreduce:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    env.update(spec.kubernetes.env)
+    return env
+
+
+def launcher_command(spec: JobSpec, topo: Topology) -> list[str]:
+    forwarded = ["PATH", "LD_LIBRARY_PATH", *sorted(rank_env(spec, topo)), *sorted(spec.kubernetes.secret_env)]
+    cmd = ["mpirun", "-np", str(topo.ranks), "-bind-to", "none", "-map-by", "slot",
+           "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+    for name in forwarded:
+        cmd += ["-x", name]
+    return cmd + ["hvdk8s", "train", JOB_FILE]
+
+
+def launcher_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
+    container = {
+        "name": "launcher", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
+        "command": launcher_command(spec, topo),
+        "env": _env(spec, topo),
+        "resources": {"requests": dict(LAUNCHER_RESOURCES), "limits": dict(LAUNCHER_RESOURCES)},
+        "securityContext": _security_context([]),
+    }
+    return {"metadata": {"labels": _labels(spec, "launcher")}, "spec": _pod_spec(spec, [container], [])}
+
+
+def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
+    rdma = spec.resources.rdma
+    amounts = {"cpu": spec.resources.cpu, "memory": spec.resources.memory, **network.worker_resources(rdma)}
+    if topo.gpus_per_worker:
+        amounts["nvidia.com/gpu"] = str(topo.gpus_per_worker)
+    container = {
+        "name": "worker", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
+        "command": list(SSHD_COMMAND),
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 2, "periodSeconds": 5},
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},  # Guaranteed QoS
+        "securityContext": _security_context(network.capabilities(rdma)),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
+                         {"name": "dataset-cache", "mountPath": CACHE_DIR}],
+    }
+    volumes = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        {"name": "job", "configMap": {"name": f"{spec.name}-job"}},
+        # Node-local, shared by the jobs on a node, so a dataset is synced once per node.
+        {"name": "dataset-cache", "hostPath": {"path": CACHE_DIR, "type": "DirectoryOrCreate"}},
+    ]
+    pod = _pod_spec(spec, [container], volumes)
+    pod["affinity"] = _spread_workers(spec, topo)
+    selector = dict(spec.kubernetes.node_selector)
+    if spec.resources.gpu_product:
+        selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+    if selector:
+        pod["nodeSelector"] = dict(sorted(selector.items()))
+    if topo.gpus_per_worker:
+        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    template: dict[str, Any] = {"metadata": {"labels": _labels(spec, "worker")}, "spec": pod}
+    annotations = network.worker_annotations(rdma)
+    if annotations:
+        template["metadata"]["annotations"] = annotations
+    return template
+
+
+def _spread_workers(spec: JobSpec, topo: Topology) -> dict[str, Any]:
+    """GPU jobs: at most one worker per node (required). CPU jobs: spread where possible."""
+    term = {"labelSelector": {"matchLabels": _labels(spec, "worker")}, "topologyKey": "kubernetes.io/hostname"}
+    if topo.one_worker_per_node:
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term}]}}
+
+
+def _pod_spec(spec: JobSpec, containers: list, volumes: list) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    pod: dict[str, Any] = {
+        "securityContext": {"runAsUser": k8s.run_as_user, "runAsGroup": k8s.run_as_user, "runAsNonRoot": True},
+        "containers": containers,
+    }
+    if volumes:
+        pod["volumes"] = volumes
+    if k8s.service_account:
+        pod["serviceAccountName"] = k8s.service_account
+    if k8s.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in k8s.image_pull_secrets]
+    return pod
+
+
+def _env(spec: JobSpec, topo: Topology) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(rank_env(spec, topo).items())]
+    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+            for name, ref in sorted(spec.kubernetes.secret_env.items())]
+    return env
+
+
+def _security_context(add_capabilities: list[str]) -> dict[str, Any]:
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if add_capabilities:
+        caps["add"] = add_capabilities
+    return {"privileged": False, "allowPrivilegeEscalation": False, "capabilities": caps}
+
+
+def _labels(spec: JobSpec, role: str) -> dict[str, str]:
+    return {LABEL_JOB: spec.name, LABEL_ROLE: role}
+
+
+def _metadata(spec: JobSpec, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": spec.kubernetes.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "hvdk8s", LABEL_JOB: spec.name}}
+
+
+def _cpu_cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def kustomization(spec: JobSpec) -> dict[str, Any]:
+    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "namespace": spec.kubernetes.namespace, "resources": list(FILES)}
+
+
+# --- deterministic YAML ---------------------------------------------------------------------------
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, no anchors/aliases, multi-line strings as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    """Objects as one YAML stream: keys in the order built, no timestamps or random names."""
+    return "---\n".join(yaml.dump(o, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+                        for o in objects)
+
+
+def write_directory(spec: JobSpec, directory: str | os.PathLike) -> list[Path]:
+    """Write configmap.yaml, mpijob.yaml and kustomization.yaml. Each file appears whole (written
+    under a temporary name, then renamed), and nothing is written unless all of them render."""
+    configmap, job = render(spec)
+    contents = {"configmap.yaml": to_yaml([configmap]), "mpijob.yaml": to_yaml([job]),
+                "kustomization.yaml": to_yaml([kustomization(spec)])}
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in contents.items():
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out / name)
+        written.append(out / name)
+    return written

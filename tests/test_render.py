@@ -1,0 +1,174 @@
+"""MPIJob rendering: golden files, determinism, topology, networking, and validity of what is rendered
+(the MPIJob CRD's schema, the operator's rules, Pod specs, kustomize)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import ROOT, cli
+from hvdk8s.mpijob import render as renderer
+from hvdk8s.spec import load_job
+
+GOLDEN = ROOT / "tests" / "golden"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "job.yaml").is_file())
+UPDATE = os.environ.get("HVDK8S_UPDATE_GOLDEN") == "1"  # regenerate after an intended change
+
+
+def rendered(case: str) -> dict:
+    configmap, job = renderer.render(load_job(GOLDEN / case / "job.yaml"))
+    return {"configmap": configmap, "mpijob": job}
+
+
+def containers(job, role):
+    return job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
+
+
+def env_of(container):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_golden_cases_cover_the_required_shapes():
+    assert CASES == ["cpu", "gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_render_matches_golden_files_and_is_byte_identical_twice(case, tmp_path):
+    if UPDATE:
+        renderer.write_directory(load_job(GOLDEN / case / "job.yaml"), GOLDEN / case)
+    proc = cli("render", GOLDEN / case / "job.yaml", "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("configmap.yaml", "mpijob.yaml", "kustomization.yaml"):
+        assert (tmp_path / name).read_text() == (GOLDEN / case / name).read_text(), f"{case}/{name} changed"
+    first, second = cli("render", GOLDEN / case / "job.yaml"), cli("render", GOLDEN / case / "job.yaml")
+    assert first.returncode == 0 and first.stdout == second.stdout
+    docs = list(yaml.safe_load_all(first.stdout))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "MPIJob"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kubectl_kustomize_builds_the_rendered_directory(case, tmp_path):
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is missing: scripts/setup.sh installs it (Debian kubernetes-client)"
+    shutil.copytree(GOLDEN / case, tmp_path / case)
+    proc = subprocess.run([kubectl, "kustomize", str(tmp_path / case)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    built = {d["kind"]: d for d in yaml.safe_load_all(proc.stdout)}
+    assert set(built) == {"ConfigMap", "MPIJob"}
+    assert built["MPIJob"]["metadata"]["namespace"] == load_job(GOLDEN / case / "job.yaml").kubernetes.namespace
+
+
+def test_four_nodes_of_eight_gpus():
+    job = rendered("gpu-4x8-rdma")["mpijob"]
+    spec = job["spec"]
+    assert spec["slotsPerWorker"] == 8 and spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+    worker = containers(job, "Worker")[0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    pod = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {"hvdk8s.io/job": "lm-4x8-rdma", "hvdk8s.io/role": "worker"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    launcher = containers(job, "Launcher")[0]
+    cmd = launcher["command"]
+    assert cmd[:8] == ["mpirun", "-np", "32", "-bind-to", "none", "-map-by", "slot", "-mca"]
+    assert cmd[-3:] == ["hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
+    assert "nvidia.com/gpu" not in launcher["resources"]["limits"]
+    assert env_of(launcher)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    # every variable the ranks get is forwarded to them by mpirun
+    forwarded = {cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"}
+    assert set(env_of(launcher)) <= forwarded and {"PATH", "LD_LIBRARY_PATH"} <= forwarded
+
+
+def test_one_node_of_eight_gpus_has_no_hierarchical_allreduce():
+    job = rendered("gpu-1x8")["mpijob"]
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 1 and job["spec"]["slotsPerWorker"] == 8
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env_of(containers(job, "Launcher")[0])
+
+
+def test_cpu_job_uses_ranks_per_worker_and_no_gpu_or_nccl():
+    job = rendered("cpu")["mpijob"]
+    assert job["spec"]["slotsPerWorker"] == 4 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    worker = containers(job, "Worker")[0]
+    assert "nvidia.com/gpu" not in worker["resources"]["limits"]
+    env = env_of(containers(job, "Launcher")[0])
+    assert env["OMP_NUM_THREADS"] == "2" and not any(k.startswith("NCCL_") for k in env)
+    assert containers(job, "Launcher")[0]["command"][2] == "8"
+    affinity = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in affinity
+
+
+def test_rdma_on():
+    job = rendered("gpu-4x8-rdma")["mpijob"]
+    template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    worker = template["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+    assert worker["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert worker["securityContext"]["privileged"] is False
+    assert template["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    env = env_of(containers(job, "Launcher")[0])
+    assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
+        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "PHB",
+        "NCCL_SOCKET_IFNAME": "eth0"}
+
+
+def test_rdma_off():
+    job = rendered("gpu-4x8-tcp")["mpijob"]
+    worker = containers(job, "Worker")[0]
+    assert not any(k.startswith("rdma/") for k in worker["resources"]["limits"])
+    assert "add" not in worker["securityContext"]["capabilities"]
+    env = env_of(containers(job, "Launcher")[0])
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "ens5"
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
+
+
+def test_shm_start_policy_readiness_and_non_root_user():
+    job = rendered("gpu-4x8-rdma")["mpijob"]
+    spec = job["spec"]
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    pod = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
+    assert pod["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == 2222
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    cache = next(v for v in pod["volumes"] if v["name"] == "dataset-cache")
+    assert cache["hostPath"]["path"] == "/var/cache/hvdk8s"
+
+
+def test_run_policy_kueue_pull_secrets_and_secret_references():
+    out = rendered("gpu-4x8-rdma")
+    job = out["mpijob"]
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 86400,
+                                        "backoffLimit": 2, "activeDeadlineSeconds": 259200, "suspend": True}
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    pod = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}] and pod["serviceAccountName"] == "trainer"
+    env = env_of(pod["containers"][0])
+    assert env["WANDB_API_KEY"] == {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
+    assert "WANDB_API_KEY" in pod["containers"][0]["command"]
+
+
+def test_the_configmap_carries_the_job_file_that_trains():
+    out = rendered("gpu-4x8-rdma")
+    carried = yaml.safe_load(out["configmap"]["data"]["job.yaml"])
+    assert load_job(GOLDEN / "gpu-4x8-rdma" / "job.yaml").model_dump(mode="json") == carried
+
+
+@pytest.mark.parametrize("override,field,words", [
+    (["resources.gpus=12"], "resources", "do not fill whole nodes"),
+    (["resources.gpus=16", "resources.workers=3"], "resources", "workers (3) disagrees"),
+    (["resources.rdma={enabled: true, resource: 'not a resource'}"], "resources.rdma.resource", "extended resource"),
+    (["kubernetes.secret_env={bad-name: {secret: s, key: k}}"], "kubernetes.secret_env", "environment variable"),
+    (["kubernetes.clean_pod_policy=Sometimes"], "kubernetes.clean_pod_policy", "'None', 'Running' or 'All'"),
+    (["resources.shm_size=lots"], "resources.shm_size", "Kubernetes quantity"),
+])
+def test_bad_cluster_settings_exit_2_and_write_nothing(tmp_path, override, field, words):
+    out = tmp_path / "out"
+    args = [a for o in override for a in ("--set", o)]
+    proc = cli("render", GOLDEN / "gpu-1x8" / "job.yaml", "-o", out, *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"  {field}:" in proc.stderr and words in " ".join(proc.stderr.split()), proc.stderr
+    assert not out.exists()
+
