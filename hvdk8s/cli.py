@@ -11,7 +11,7 @@ from rich.console import Console
 from hvdk8s import __version__
 from hvdk8s.spec import JobFileError, JobSpec, dump_job, load_job
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # long field paths stay whole for grep and logs
 
 _set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
                            help="Override a job-file field, e.g. --set training.epochs=3 (repeatable).")
@@ -37,14 +37,54 @@ def cli() -> None:
 @click.argument("job", type=click.Path(dir_okay=False))
 @_set_option
 @click.option("--print", "show", is_flag=True, help="Print the job with every default filled in.")
-def validate(job: str, overrides: Sequence[str], show: bool) -> None:
-    """Check a job file; exit 2 listing every problem with its field path."""
+@click.option("--crd", type=click.Path(dir_okay=False, exists=True),
+              help="MPIJobs: check against this CRD file instead of hvdk8s's own rules.")
+@click.option("--crd-from-cluster", is_flag=True, help="MPIJobs: check against the CRD the cluster serves.")
+def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, crd_from_cluster: bool) -> None:
+    """Check a job file, or a YAML of MPIJobs; exit 2 listing every problem with its field path."""
+    docs = _mpijob_documents(job)
+    if docs is not None:
+        _validate_mpijobs(job, docs, crd, crd_from_cluster)
+        return
     spec = _load(job, overrides)
     if show:
         click.echo(dump_job(spec), nl=False)
     else:
         click.echo(f"{job}: valid ({spec.framework} {spec.model.name} on {spec.dataset.name or spec.dataset.path}, "
                    f"{spec.training.epochs} epochs)")
+
+
+def _mpijob_documents(path: str) -> list | None:
+    """The documents of `path` if any of them is an MPIJob (else None: treat it as a job file)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except (OSError, yaml.YAMLError):
+        return None  # the job-file loader reports it with its line and column
+    return docs if any(isinstance(d, dict) and d.get("kind") == "MPIJob" for d in docs) else None
+
+
+def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: bool) -> None:
+    from hvdk8s.mpijob import validate as mv
+
+    try:
+        schema = mv.load_crd_schema(crd) if crd else mv.crd_schema_from_cluster() if crd_from_cluster else None
+    except (ValueError, RuntimeError) as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)
+    pods = mv.pod_schema_available()
+    problems = mv.validate_documents(docs, schema=schema, pod_schema=pods)
+    against = f"CRD {crd}" if crd else "the cluster's CRD" if crd_from_cluster else "hvdk8s's MPIJob rules"
+    if problems:
+        err.print(f"[bold red]error:[/] {path}: invalid MPIJob (checked against {against})", highlight=False)
+        for p in problems:
+            err.print(f"  [bold]{p.path or '(top level)'}[/]: {p.message}", highlight=False)
+        sys.exit(2)
+    click.echo(f"{path}: valid MPIJob (checked against {against}"
+               + (", Pod specs against the Kubernetes schema)" if pods else
+                  "; Pod specs not checked: pip install 'hvdk8s[validate]')"))
 
 
 @cli.command()
@@ -103,7 +143,15 @@ def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
     """Render the Kubeflow MPIJob (and the ConfigMap carrying the job file) as deterministic YAML."""
     from hvdk8s.mpijob import render as renderer
 
+    from hvdk8s.mpijob import validate as mv
+
     spec = _load(job, overrides)
+    # Our own output must pass the operator's rules: a failure here is a bug in hvdk8s, so say so.
+    problems = mv.validate_mpijob(renderer.mpijob(spec), pod_schema=mv.pod_schema_available())
+    if problems:
+        err.print("[bold red]internal error:[/] hvdk8s rendered an MPIJob the operator would reject; "
+                  "please report it:\n" + "\n".join(f"  {p}" for p in problems), highlight=False)
+        sys.exit(1)
     if output:
         for path in renderer.write_directory(spec, output):
             click.echo(str(path))

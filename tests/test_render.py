@@ -9,6 +9,7 @@ import yaml
 
 from conftest import ROOT, cli
 from hvdk8s.mpijob import render as renderer
+from hvdk8s.mpijob import validate as mv
 from hvdk8s.spec import load_job
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -172,3 +173,39 @@ def test_bad_cluster_settings_exit_2_and_write_nothing(tmp_path, override, field
     assert f"  {field}:" in proc.stderr and words in " ".join(proc.stderr.split()), proc.stderr
     assert not out.exists()
 
+
+
+@pytest.fixture(scope="module")
+def crd_schema():
+    crd = ROOT.parent / "shared" / "k8s" / "mpijob-crd.yaml"
+    if not crd.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"the MPIJob CRD is expected at {crd} (../shared/k8s beside the clone)")
+        pytest.skip(f"the upstream MPIJob CRD is not at {crd} (only the CI layout has ../shared)")
+    return mv.load_crd_schema(crd)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rendered_mpijob_passes_the_crd_the_operator_rules_and_the_pod_schema(case, crd_schema):
+    job = rendered(case)["mpijob"]
+    assert mv.validate_mpijob(job, schema=crd_schema, pod_schema=True) == []
+    assert mv.validate_mpijob(job, pod_schema=True) == []  # hvdk8s's own rules agree
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_validate_accepts_rendered_yaml_and_names_problems_in_broken_yaml(case, tmp_path, crd_schema):
+    crd = ROOT.parent / "shared" / "k8s" / "mpijob-crd.yaml"
+    good = cli("validate", GOLDEN / case / "mpijob.yaml", "--crd", crd)
+    assert good.returncode == 0 and "valid MPIJob" in good.stdout, good.stderr
+    job = yaml.safe_load((GOLDEN / case / "mpijob.yaml").read_text())
+    job["spec"]["slotPerWorker"] = 8                                   # a typo a 1.20 server would drop
+    job["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"] = 2
+    containers(job, "Worker")[0]["securityContext"]["privileged"] = True
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(job))
+    for extra in ([], ["--crd", str(crd)]):
+        proc = cli("validate", broken, *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        for path in ("spec.slotPerWorker", "spec.mpiReplicaSpecs.Launcher.replicas",
+                     "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].securityContext.privileged"):
+            assert f"  {path}:" in proc.stderr, proc.stderr

@@ -1,0 +1,460 @@
+"""Client-side validation of Kubeflow MPIJobs (kubeflow.org/v2beta1).
+
+Three layers, each reporting every problem as a `Problem(path, message)`:
+
+* the fields: either an OpenAPI v3 structural schema (the `openAPIV3Schema` of the MPIJob CRD a cluster
+  serves, see `load_crd_schema` / `crd_schema_from_cluster`) or hvdk8s's own compact description of the
+  v2beta1 fields (`BUILTIN_SCHEMA`). Unknown fields are errors: a 1.20-era API server drops them silently,
+  so a typo would otherwise vanish without a word;
+* the pod templates, as full v1 Pods, against the Kubernetes JSON schemas that kubernetes-validate bundles;
+* the rules mpi-operator enforces in its controller (pkg/apis/kubeflow/validation) but no schema encodes.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+import yaml
+
+API_VERSION = "kubeflow.org/v2beta1"
+KIND = "MPIJob"
+CRD_NAME = "mpijobs.kubeflow.org"
+# Newest Kubernetes whose Pod schema is used; an older kubernetes-validate falls back to its newest one.
+K8S_VERSION = "1.37"
+
+_NUMBER = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)"
+QUANTITY_PATTERN = rf"^[+-]?{_NUMBER}([KMGTPE]i|[numkMGTPE]|[eE][+-]?{_NUMBER})?$"
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    path: str  # dotted, list indices in brackets; "" is the whole object
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path or '(top level)'}: {self.message}"
+
+
+def _child(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int subclass in Python
+        return "boolean"
+    for kind, name in ((int, "integer"), (float, "number"), (str, "string"), (list, "array"), (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unsupported(value: Any, allowed: Iterable[Any]) -> str:
+    return f"unsupported value {value!r}; supported: {', '.join(map(str, allowed))}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Structural OpenAPI v3 schemas (the subset CRDs use)
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "number":
+        return _json_type(value) in ("integer", "number")
+    return _json_type(value) == kind
+
+
+def validate_schema(obj: Any, schema: dict, path: str = "") -> list[Problem]:
+    """Every way OBJ breaks the structural schema SCHEMA; paths start at PATH."""
+    if obj is None:
+        return [] if schema.get("nullable") else [Problem(path, "must not be null")]
+    problems: list[Problem] = []
+    if schema.get("x-kubernetes-int-or-string"):
+        if not (_is_int(obj) or isinstance(obj, str)):
+            return [Problem(path, f"expected integer or string, got {_json_type(obj)}")]
+    elif "type" in schema and not _type_ok(obj, schema["type"]):
+        return [Problem(path, f"expected {schema['type']}, got {_json_type(obj)}")]
+    if "anyOf" in schema and all(validate_schema(obj, branch, path) for branch in schema["anyOf"]):
+        forms = ", ".join(branch.get("type", "schema") for branch in schema["anyOf"])
+        problems.append(Problem(path, f"matches none of the allowed forms ({forms})"))
+    if "enum" in schema and obj not in schema["enum"]:
+        problems.append(Problem(path, _unsupported(obj, schema["enum"])))
+
+    if isinstance(obj, dict):
+        problems += _validate_object(obj, schema, path)
+    elif isinstance(obj, list):
+        if "items" in schema:
+            for i, item in enumerate(obj):
+                problems += validate_schema(item, schema["items"], _child(path, i))
+        if len(obj) < schema.get("minItems", 0):
+            problems.append(Problem(path, f"must have at least {schema['minItems']} items"))
+        if "maxItems" in schema and len(obj) > schema["maxItems"]:
+            problems.append(Problem(path, f"must have at most {schema['maxItems']} items"))
+    elif isinstance(obj, str):
+        if "pattern" in schema and not re.search(schema["pattern"], obj):
+            problems.append(Problem(path, f"{obj!r} does not match the pattern {schema['pattern']}"))
+        if len(obj) < schema.get("minLength", 0):
+            problems.append(Problem(path, f"must be at least {schema['minLength']} characters long"))
+        if "maxLength" in schema and len(obj) > schema["maxLength"]:
+            problems.append(Problem(path, f"must be at most {schema['maxLength']} characters long"))
+    elif _json_type(obj) in ("integer", "number"):
+        if "minimum" in schema and obj < schema["minimum"]:
+            problems.append(Problem(path, f"must be >= {schema['minimum']}"))
+        if "maximum" in schema and obj > schema["maximum"]:
+            problems.append(Problem(path, f"must be <= {schema['maximum']}"))
+        if schema.get("format") in _INT_RANGES:
+            low, high = _INT_RANGES[schema["format"]]
+            if not low <= obj <= high:
+                problems.append(Problem(path, f"out of {schema['format']} range"))
+    return problems
+
+
+def _validate_object(obj: dict, schema: dict, path: str) -> list[Problem]:
+    problems = [Problem(_child(path, key), "required field is missing")
+                for key in schema.get("required", ()) if key not in obj]
+    properties = schema.get("properties", {})
+    extra = schema.get("additionalProperties", False)
+    for key, value in obj.items():
+        where = _child(path, key)
+        if key == "metadata" and path == "" and "properties" not in properties.get(key, {}):
+            # A CRD's root metadata is always ObjectMeta, which its schema leaves open (`type: object`).
+            problems += _validate_object_meta(value, where)
+        elif key in properties:
+            problems += validate_schema(value, properties[key], where)
+        elif isinstance(extra, dict):
+            problems += validate_schema(value, extra, where)
+        elif not (extra is True or schema.get("x-kubernetes-preserve-unknown-fields")):
+            problems.append(Problem(where, "unknown field"))
+    return problems
+
+
+def _validate_object_meta(meta: Any, path: str) -> list[Problem]:
+    if not isinstance(meta, dict):
+        return [Problem(path, f"expected object, got {_json_type(meta)}")]
+    name = meta.get("name")
+    if name is not None and not (isinstance(name, str) and len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name)):
+        return [Problem(_child(path, "name"), f"{name!r} is not a DNS-1123 subdomain (lower case alphanumerics, "
+                                              "'-' and '.', at most 253 characters)")]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Where schemas come from
+
+def load_crd_schema(source: Union[str, Path, dict], version: str = "v2beta1") -> dict:
+    """The openAPIV3Schema of VERSION in the MPIJob CustomResourceDefinition SOURCE (a YAML/JSON file or a dict)."""
+    if isinstance(source, dict):
+        return _crd_version_schema(source, version, "the given CRD")
+    return _crd_version_schema(yaml.safe_load(Path(source).read_text(encoding="utf-8")), version, str(source))
+
+
+def _crd_version_schema(crd: Any, version: str, origin: str) -> dict:
+    if not (isinstance(crd, dict) and crd.get("kind") == "CustomResourceDefinition"
+            and (crd.get("spec") or {}).get("group") == "kubeflow.org"
+            and ((crd.get("spec") or {}).get("names") or {}).get("kind") == KIND):
+        raise ValueError(f"{origin}: not the MPIJob CustomResourceDefinition ({CRD_NAME})")
+    versions = crd["spec"].get("versions") or []
+    for entry in versions:
+        if entry.get("name") == version:
+            schema = (entry.get("schema") or {}).get("openAPIV3Schema")
+            if not isinstance(schema, dict):
+                raise ValueError(f"{origin}: version {version} has no openAPIV3Schema")
+            return schema
+    names = ", ".join(str(entry.get("name")) for entry in versions) or "none"
+    raise ValueError(f"{origin}: the MPIJob CRD has no version {version} (it has: {names})")
+
+
+def crd_schema_from_cluster(context: str | None = None) -> dict:
+    """The v2beta1 schema of the MPIJob CRD that the cluster of kubectl's (or CONTEXT's) context serves."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise RuntimeError("kubectl not found on PATH: it is needed to read the MPIJob CRD from the cluster")
+    command = [kubectl, *(["--context", context] if context else []), "get", "crd", CRD_NAME, "-o", "json"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(command[1:])}` failed ({proc.returncode}): {proc.stderr.strip()}")
+    origin = f"CRD {CRD_NAME} of context {context}" if context else f"CRD {CRD_NAME} of the current context"
+    return _crd_version_schema(json.loads(proc.stdout), "v2beta1", origin)
+
+
+# ---------------------------------------------------------------------------------------------------
+# hvdk8s's own description of the v2beta1 fields, in the same schema form (types only; the controller
+# rules below carry the allowed values, so both routes report those identically).
+
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_INT32 = {"type": "integer", "format": "int32"}
+_INT64 = {"type": "integer", "format": "int64"}
+_OPEN = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}  # checked elsewhere
+
+
+def _obj(required: Iterable[str] = (), **properties: dict) -> dict:
+    return {"type": "object", "properties": properties, **({"required": list(required)} if required else {})}
+
+
+def _map(values: dict) -> dict:
+    return {"type": "object", "additionalProperties": values}
+
+
+BUILTIN_SCHEMA = _obj(
+    apiVersion=_STR,
+    kind=_STR,
+    metadata={"type": "object"},
+    spec=_obj(
+        required=["mpiReplicaSpecs"],
+        slotsPerWorker=_INT32,
+        runPolicy=_obj(
+            cleanPodPolicy=_STR,
+            ttlSecondsAfterFinished=_INT32,
+            activeDeadlineSeconds=_INT64,
+            backoffLimit=_INT32,
+            schedulingPolicy=_obj(
+                minAvailable=_INT32,
+                queue=_STR,
+                minResources=_map({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+                priorityClass=_STR,
+                scheduleTimeoutSeconds=_INT32,
+            ),
+            suspend=_BOOL,
+            managedBy=_STR,
+        ),
+        # Pod templates: only their two keys here; validate_pod_template checks the rest.
+        mpiReplicaSpecs=_map(_obj(replicas=_INT32, restartPolicy=_STR, template=_obj(metadata=_OPEN, spec=_OPEN))),
+        sshAuthMountPath=_STR,
+        launcherCreationPolicy=_STR,
+        mpiImplementation={"type": "string", "enum": ["OpenMPI", "Intel", "MPICH"]},
+        runLauncherAsWorker=_BOOL,
+    ),
+    status=_OPEN,  # written by the operator; present in `kubectl get -o yaml` output
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pod templates
+
+def _k8s_schema_dir(k8s_version: str) -> Any:  # an importlib.resources Traversable
+    """kubernetes-validate's strict schemas for the newest bundled Kubernetes not newer than K8S_VERSION."""
+    try:
+        root = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    except ModuleNotFoundError:
+        raise RuntimeError("validating pod templates needs the kubernetes-validate package") from None
+
+    def minor(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.lstrip("v").split("-")[0].split(".")[:2])
+
+    bundled = sorted(((minor(d.name), d) for d in root.iterdir() if d.name.endswith("-local-strict")),
+                     key=lambda pair: pair[0])
+    usable = [d for version, d in bundled if version <= minor(k8s_version)]
+    if not usable:
+        raise ValueError(f"kubernetes-validate has no schemas for Kubernetes {k8s_version} or older "
+                         f"(oldest bundled: {bundled[0][1].name})")
+    return usable[-1]
+
+
+@functools.lru_cache(maxsize=4)
+def _pod_validator(k8s_version: str) -> Any:  # a jsonschema validator
+    import jsonschema  # kubernetes-validate's own dependencies
+    from referencing import Registry, Resource
+
+    schema_dir = _k8s_schema_dir(k8s_version)
+    pod, definitions = (json.loads((schema_dir / name).read_text(encoding="utf-8"))
+                        for name in ("pod-v1.json", "_definitions.json"))
+    registry = Registry().with_resources((doc["$id"], Resource.from_contents(doc)) for doc in (pod, definitions))
+    return jsonschema.Draft202012Validator(pod, registry=registry)
+
+
+def _pod_schema_problems(error: Any, path: str) -> list[Problem]:
+    """One jsonschema error as Problems, in the same words validate_schema uses."""
+    where = path
+    for key in error.absolute_path:
+        where = _child(where, key)
+    if error.validator == "additionalProperties":
+        return [Problem(_child(where, key), "unknown field")
+                for key in error.instance if key not in error.schema.get("properties", {})]
+    if error.validator == "required":
+        return [Problem(_child(where, key), "required field is missing")
+                for key in error.validator_value if key not in error.instance]
+    if error.validator == "type":
+        kinds = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        expected = " or ".join(kind for kind in kinds if kind != "null")
+        return [Problem(where, f"expected {expected}, got {_json_type(error.instance)}")]
+    if error.validator == "enum":
+        return [Problem(where, _unsupported(error.instance, error.validator_value))]
+    return [Problem(where, error.message)]
+
+
+def _containers(spec: dict, path: str) -> Iterable[tuple[dict, str]]:
+    for field in ("initContainers", "containers"):
+        items = spec.get(field)
+        for i, container in enumerate(items if isinstance(items, list) else []):
+            if isinstance(container, dict):
+                yield container, _child(_child(path, field), i)
+
+
+def pod_schema_available() -> bool:
+    """Whether Pod specs can be checked (the optional kubernetes-validate package, `hvdk8s[validate]`)."""
+    import importlib.util
+
+    return importlib.util.find_spec("kubernetes_validate") is not None
+
+
+def validate_pod_template(template: Any, path: str, k8s_version: str = K8S_VERSION) -> list[Problem]:
+    """TEMPLATE (a PodTemplateSpec at PATH) as a v1 Pod of Kubernetes K8S_VERSION, plus what hvdk8s forbids."""
+    if not isinstance(template, dict):
+        return [Problem(path, f"expected object, got {_json_type(template)}")]
+    pod = {**template, "apiVersion": "v1", "kind": "Pod"}  # same keys below the root, so paths carry over
+    problems = [problem for error in _pod_validator(k8s_version).iter_errors(pod)
+                for problem in _pod_schema_problems(error, path)]
+    spec = template.get("spec")
+    for container, where in _containers(spec if isinstance(spec, dict) else {}, _child(path, "spec")):
+        # The Pod schema leaves image optional (for templates other tools fill in); Pod creation requires it.
+        if not container.get("image"):
+            problems.append(Problem(_child(where, "image"), "required field is missing (Pods need an image)"))
+        security = container.get("securityContext")
+        if isinstance(security, dict) and security.get("privileged") is True:
+            problems.append(Problem(_child(where, "securityContext.privileged"),
+                                    "privileged containers are not allowed (hvdk8s renders none)"))
+        # The Pod schema takes any string as a quantity; the API server parses it.
+        resources = container.get("resources")
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind) if isinstance(resources, dict) else None
+            for name, amount in (amounts.items() if isinstance(amounts, dict) else ()):
+                if isinstance(amount, str) and not re.search(QUANTITY_PATTERN, amount):
+                    problems.append(Problem(_child(where, f"resources.{kind}.{name}"),
+                                            f"{amount!r} is not a valid quantity (e.g. 500m, 4Gi, 2)"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------
+# mpi-operator's controller rules (applied to the object as written; the server fills defaults later)
+
+REPLICA_TYPES = ("Launcher", "Worker")
+RESTART_POLICIES = ("Never", "OnFailure")
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
+MANAGERS = ("kubeflow.org/mpi-operator", "kueue.x-k8s.io/multikueue")
+
+
+def _controller_problems(job: dict) -> list[Problem]:
+    problems: list[Problem] = []
+    for key, allowed in (("apiVersion", API_VERSION), ("kind", KIND)):
+        if key not in job:
+            problems.append(Problem(key, "required field is missing"))
+        elif job[key] != allowed:
+            problems.append(Problem(key, _unsupported(job[key], [allowed])))
+    meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
+    if "name" not in meta:
+        problems.append(Problem("metadata.name", "required field is missing"))
+    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+
+    def check_choice(obj: dict, key: str, allowed: Iterable[str], path: str) -> None:
+        if key in obj and obj[key] not in allowed:
+            problems.append(Problem(_child(path, key), _unsupported(obj[key], allowed)))
+
+    def check_nonnegative(obj: dict, key: str, path: str) -> None:
+        if _is_int(obj.get(key)) and obj[key] < 0:
+            problems.append(Problem(_child(path, key), "must be >= 0"))
+
+    check_nonnegative(spec, "slotsPerWorker", "spec")
+    check_choice(spec, "launcherCreationPolicy", LAUNCHER_CREATION_POLICIES, "spec")
+    if spec.get("sshAuthMountPath") == "":
+        problems.append(Problem("spec.sshAuthMountPath", "must not be empty"))
+    run_policy = spec.get("runPolicy") if isinstance(spec.get("runPolicy"), dict) else {}
+    check_choice(run_policy, "cleanPodPolicy", CLEAN_POD_POLICIES, "spec.runPolicy")
+    check_choice(run_policy, "managedBy", MANAGERS, "spec.runPolicy")
+    for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+        check_nonnegative(run_policy, key, "spec.runPolicy")
+
+    replica_specs = spec.get("mpiReplicaSpecs")
+    if not isinstance(replica_specs, dict):
+        return problems  # missing or mistyped: the schema says so
+    if "Launcher" not in replica_specs:
+        problems.append(Problem("spec.mpiReplicaSpecs.Launcher",
+                                "required field is missing (an MPIJob needs a launcher)"))
+    for rtype, rspec in replica_specs.items():
+        path = _child("spec.mpiReplicaSpecs", rtype)
+        if rtype not in REPLICA_TYPES:
+            problems.append(Problem(path, _unsupported(rtype, REPLICA_TYPES)))
+            continue
+        if not isinstance(rspec, dict):
+            continue
+        replicas = rspec.get("replicas")
+        if replicas is None:
+            problems.append(Problem(_child(path, "replicas"), "required field is missing"))
+        elif _is_int(replicas) and rtype == "Launcher" and replicas != 1:
+            problems.append(Problem(_child(path, "replicas"), "must be 1 (one launcher)"))
+        elif _is_int(replicas) and rtype == "Worker" and replicas < 1:
+            problems.append(Problem(_child(path, "replicas"), "must be >= 1"))
+        check_choice(rspec, "restartPolicy", RESTART_POLICIES, path)
+        template = rspec.get("template") if isinstance(rspec.get("template"), dict) else {}
+        pod_spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+        if not pod_spec.get("containers"):
+            problems.append(Problem(_child(path, "template.spec.containers"), "must define at least one container"))
+
+    # Workers are Pods with hostnames `<name>-worker-<i>`, which must be DNS-1035 labels.
+    name = meta.get("name")
+    workers = replica_specs.get("Worker") if isinstance(replica_specs.get("Worker"), dict) else {}
+    count = workers.get("replicas") if _is_int(workers.get("replicas")) and workers["replicas"] > 0 else 1
+    hostname = f"{name}-worker-{count - 1}"
+    if isinstance(name, str) and not (len(hostname) <= 63 and _DNS1035_LABEL.fullmatch(hostname)):
+        problems.append(Problem("metadata.name", f"worker hostname {hostname!r} is not a DNS-1035 label "
+                                                 "(at most 63 characters, a-z, 0-9 and '-', starting with a letter)"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry points
+
+def validate_mpijob(obj: Any, *, schema: dict | None = None, pod_schema: bool = True) -> list[Problem]:
+    """Every problem of the MPIJob OBJ, sorted: against SCHEMA (a CRD openAPIV3Schema) or else BUILTIN_SCHEMA,
+    the controller rules, and (if POD_SCHEMA) each pod template as a v1 Pod."""
+    if not isinstance(obj, dict):
+        return [Problem("", f"expected an MPIJob object, got {_json_type(obj)}")]
+    problems = validate_schema(obj, BUILTIN_SCHEMA if schema is None else schema)
+    problems += _controller_problems(obj)
+    replica_specs = obj["spec"].get("mpiReplicaSpecs") if isinstance(obj.get("spec"), dict) else None
+    if pod_schema and isinstance(replica_specs, dict):
+        for rtype, rspec in replica_specs.items():
+            if isinstance(rspec, dict) and "template" in rspec:
+                problems += validate_pod_template(rspec["template"], f"spec.mpiReplicaSpecs.{rtype}.template")
+    return sorted(set(problems))
+
+
+def validate_documents(text_or_docs: Union[str, Iterable[Any]], *, schema: dict | None = None,
+                       pod_schema: bool = True) -> list[Problem]:
+    """Validate every MPIJob in a multi-document YAML text (or a list of loaded documents), e.g. a rendered
+    directory's MPIJob + ConfigMap + others; other kinds are skipped. When there are several documents,
+    each path is prefixed with the 1-based index of its document among the non-empty ones: `[doc 2] spec...`.
+    No MPIJob at all is itself a problem."""
+    if isinstance(text_or_docs, str):
+        try:
+            docs = list(yaml.safe_load_all(text_or_docs))
+        except yaml.YAMLError as exc:
+            return [Problem("", f"not valid YAML: {exc}")]
+    else:
+        docs = list(text_or_docs)
+    docs = [doc for doc in docs if doc is not None]  # `---` separators leave empty documents
+    problems: list[Problem] = []
+    jobs = [(i, doc) for i, doc in enumerate(docs, 1) if isinstance(doc, dict) and doc.get("kind") == KIND]
+    for i, job in jobs:
+        for problem in validate_mpijob(job, schema=schema, pod_schema=pod_schema):
+            path = f"[doc {i}] {problem.path or '(top level)'}" if len(docs) > 1 else problem.path
+            problems.append(Problem(path, problem.message))
+    if not jobs:
+        problems.append(Problem("", f"no {KIND} document found"))
+    return problems
