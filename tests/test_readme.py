@@ -24,12 +24,3 @@ def test_quoted_example_code_is_the_tested_file(example):
     missing = [line for line in block.splitlines() if line.strip() not in ("", "...") and line not in source]
     assert not missing, f"README lines not in examples/{example}: {missing}"
 
-
-def test_dockerfile_takes_its_pins_from_constraints():
-    dockerfile = (ROOT / "Dockerfile.gpu").read_text()
-    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
-    assert set(pins) == {"torch", "tensorflow-cpu", "horovod"}
-    for name in pins:  # read from constraints.txt at build time, never repeated by hand
-        assert f"s/^{name}==//p" in dockerfile
-    assert not re.search(r"(torch|tensorflow|horovod)==\d", dockerfile)
