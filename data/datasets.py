@@ -5,9 +5,11 @@ Every dataset offers `len()`, `take(indices) -> (x, y)`, `epoch_order(seed, epoc
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -88,10 +90,49 @@ def train_test_split(ds: ArrayDataset, test_fraction: float) -> tuple[ArrayDatas
     return ds.subset(np.sort(order[n_test:])), ds.subset(np.sort(order[:n_test]))
 
 
+def cache_root() -> Path:
+    """The node-local dataset cache: $HVDK8S_CACHE_DIR (set in cluster pods), else ~/.cache/hvdk8s/datasets."""
+    return Path(os.environ.get("HVDK8S_CACHE_DIR") or Path.home() / ".cache" / "hvdk8s" / "datasets")
+
+
+def storage_options(dataset_spec) -> dict[str, Any]:
+    """fsspec options for the dataset's source (credentials come from the environment)."""
+    if dataset_spec.path.startswith("s3://") and dataset_spec.s3.endpoint_url:
+        return {"client_kwargs": {"endpoint_url": dataset_spec.s3.endpoint_url}}
+    return {}
+
+
+def dataset_root(dataset_spec) -> Path:
+    """Where a `path` dataset is read from: the node-local copy when it is cached, else the path itself."""
+    if not dataset_spec.cached:
+        return Path(dataset_spec.path.removeprefix("file://"))
+    from .cache import cached_path
+
+    root = cache_root()
+    path = cached_path(dataset_spec.path, root, dataset_spec.version)
+    if path is None:
+        raise ShardFormatError(f"{dataset_spec.path} is not in the node-local cache {root}: run "
+                               f"`hvdk8s cache sync {dataset_spec.path} {root}` first "
+                               "(hvdk8s launch and the MPIJob's init container do this)")
+    return path
+
+
+@contextlib.contextmanager
+def holding(dataset_spec) -> Iterator[None]:
+    """While training, hold a cached dataset so that cache eviction leaves it alone."""
+    if dataset_spec.path is None or not dataset_spec.cached:
+        yield
+        return
+    from .cache import dataset_key, hold
+
+    with hold(cache_root(), dataset_key(dataset_spec.path, dataset_spec.version)):
+        yield
+
+
 def open_splits(dataset_spec) -> dict[str, Any]:
     """{"train": dataset, "test": dataset} for a job file's `dataset` section."""
     if dataset_spec.name is not None:
         train, test = train_test_split(_builtin(dataset_spec.name, dataset_spec.args), dataset_spec.test_fraction)
         return {"train": train, "test": test}
-    root = Path(dataset_spec.path)
+    root = dataset_root(dataset_spec)
     return {split: ShardedDataset(root / sub) for split, sub in dataset_spec.splits.items()}

@@ -10,6 +10,7 @@ Readers stream shard by shard and keep at most two shards in memory.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections import OrderedDict
@@ -68,11 +69,17 @@ class ShardedDataset:
     Its epoch order is a block shuffle: the shard order is permuted, and samples inside each shard are
     permuted, so each rank reads a run of whole shards (partial ones at its edges) sequentially."""
 
-    def __init__(self, directory: str | os.PathLike, *, verify: bool = False):
-        self.directory = Path(directory)
-        index_path = self.directory / INDEX
+    def __init__(self, directory: str | os.PathLike, *, verify: bool = False, storage_options: dict | None = None):
+        # A local path, or any fsspec URL (s3://, https://): shards are then fetched whole, one at a time.
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.fs, root = fsspec.core.url_to_fs(str(directory), **(storage_options or {}))
+        self.directory = Path(root) if isinstance(self.fs, LocalFileSystem) else None  # None: remote
+        self._root = root.rstrip("/")
+        index_path = f"{self._root}/{INDEX}"
         try:
-            index = json.loads(index_path.read_text())
+            index = json.loads(self.fs.cat_file(index_path))
         except FileNotFoundError:
             raise ShardFormatError(f"{index_path}: no shard index here (write one with "
                                    "hvdk8s.data.shards.write_shards)") from None
@@ -88,8 +95,8 @@ class ShardedDataset:
             raise ShardFormatError(f"{index_path}: shard sample counts do not add up to num_samples")
         if verify:
             for s in self.shards:
-                if _sha256(self.directory / s["file"]) != s["sha256"]:
-                    raise ShardFormatError(f"{self.directory / s['file']}: checksum does not match the index")
+                if hashlib.sha256(self.fs.cat_file(f"{self._root}/{s['file']}")).hexdigest() != s["sha256"]:
+                    raise ShardFormatError(f"{self._root}/{s['file']}: checksum does not match the index")
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -99,9 +106,10 @@ class ShardedDataset:
         if i in self._cache:
             self._cache.move_to_end(i)
             return self._cache[i]
-        path = self.directory / self.shards[i]["file"]
+        path = f"{self._root}/{self.shards[i]['file']}"
         try:
-            with np.load(path) as z:
+            source = path if self.directory is not None else io.BytesIO(self.fs.cat_file(path))
+            with np.load(source) as z:
                 data = {k: z[k] for k in z.files}
         except (OSError, ValueError) as e:
             raise ShardFormatError(f"{path}: cannot read shard ({e})") from None

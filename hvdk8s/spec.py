@@ -42,9 +42,26 @@ class ModelSpec(_Strict):
         return v
 
 
+REMOTE_SCHEMES = ("s3", "http", "https")
+
+
+class S3Spec(_Strict):
+    """An S3-compatible object store. Credentials come from the environment locally
+    (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and from `credentials_secret` on a cluster."""
+
+    endpoint_url: Optional[str] = Field(default=None, description="e.g. https://minio.example.com; AWS if unset")
+    credentials_secret: Optional[str] = Field(
+        default=None, description="Kubernetes Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+
+
 class DatasetSpec(_Strict):
     name: Optional[str] = Field(default=None, description="a built-in dataset: " + ", ".join(catalog.BUILTIN))
-    path: Optional[str] = Field(default=None, description="a directory in the hvdk8s shard format")
+    path: Optional[str] = Field(default=None, description="a directory in the hvdk8s shard format: a local or NFS "
+                                                        "path, s3://bucket/prefix or an http(s):// URL")
+    version: Optional[str] = Field(default=None, description="part of the cache key: a new version is a new copy")
+    cache: Optional[bool] = Field(default=None, description="sync onto node-local disk before training "
+                                                            "(default: yes for s3:// and http(s):// sources)")
+    s3: S3Spec = Field(default_factory=S3Spec)
     args: dict[str, Any] = Field(default_factory=dict, description="the built-in dataset's arguments")
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0,
                                  description="held-out share of a built-in dataset")
@@ -66,7 +83,23 @@ class DatasetSpec(_Strict):
             raise ValueError("give exactly one of `name` (a built-in dataset) or `path` (shard format)")
         if self.path is not None and self.args:
             raise ValueError("`args` applies to built-in datasets only; a `path` dataset is described by its index")
+        if self.path is None and self.cache:
+            raise ValueError("`cache` applies to `path` datasets; built-in datasets are generated in memory")
+        scheme = self.path.split("://", 1)[0] if self.path and "://" in self.path else None
+        if scheme is not None and scheme not in REMOTE_SCHEMES + ("file",):
+            raise ValueError(f"path scheme {scheme!r} is not supported; use a local path, s3:// or http(s)://")
+        if self.remote and self.cache is False:
+            raise ValueError(f"a {scheme}:// dataset is read from the node-local cache; remove `cache: false`")
         return self
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.path) and self.path.split("://", 1)[0] in REMOTE_SCHEMES and "://" in self.path
+
+    @property
+    def cached(self) -> bool:
+        """Whether training reads a node-local copy (synced before the ranks start)."""
+        return self.cache if self.cache is not None else self.remote
 
 
 class CheckpointSpec(_Strict):
@@ -173,6 +206,9 @@ class KubernetesSpec(_Strict):
                                             description="environment from Secrets, by reference only")
     node_selector: dict[str, str] = Field(default_factory=dict)
     run_as_user: int = Field(default=1000, ge=1, description="non-root uid of the image's MPI user")
+    cache_dir: str = Field(default="/var/cache/hvdk8s", description="node-local dataset cache (hostPath)")
+    cache_quota: Optional[Quantity] = Field(default=None, description="evict least recently used datasets "
+                                                                      "beyond this size")
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"
     ttl_seconds_after_finished: Optional[int] = Field(default=None, ge=0)
     backoff_limit: Optional[int] = Field(default=None, ge=0)

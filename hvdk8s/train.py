@@ -41,8 +41,11 @@ def warmup_lr(step: int, warmup_steps: int, base: float, peak: float) -> float:
 
 def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     """Train `spec` as one rank; returns rank 0's summary (test_accuracy, epochs, seconds, digest)."""
+    from hvdk8s.data.datasets import holding
+
     if spec.framework == "pytorch":
         from hvdk8s.train_torch import run as run_framework
     else:
         from hvdk8s.train_tf import run as run_framework
-    return run_framework(spec, resume=resume)
+    with holding(spec.dataset):  # a cached dataset is not evicted while it trains
+        return run_framework(spec, resume=resume)

@@ -20,14 +20,13 @@ import yaml
 
 from hvdk8s.spec import JobSpec, dump_job
 
-from . import network
+from . import cache, network
 from .topology import Topology, plan
 
 API_VERSION = "kubeflow.org/v2beta1"
 SSH_PORT = 2222
 JOB_DIR = "/etc/hvdk8s"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
-CACHE_DIR = "/var/cache/hvdk8s"  # node-local dataset cache, shared by the jobs on a node
 MPI_USER_HOME = "/home/mpiuser"
 # The image's sshd, run by the non-root MPI user with its own config (see Dockerfile.gpu).
 SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{MPI_USER_HOME}/.sshd_config"]
@@ -92,6 +91,8 @@ def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(max(1, math.floor(_cpu_cores(spec.resources.cpu) / topo.slots_per_worker)))
     if topo.hierarchical_allreduce:
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    if spec.dataset.path is not None and spec.dataset.cached:
+        env["HVDK8S_CACHE_DIR"] = spec.kubernetes.cache_dir  # where the init container synced the dataset
     env.update(spec.kubernetes.env)
     return env
 
@@ -130,28 +131,43 @@ def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
         "securityContext": _security_context(network.capabilities(rdma)),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
-                         {"name": "dataset-cache", "mountPath": CACHE_DIR}],
+                         cache.cache_mount(spec)],
     }
     volumes = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
         {"name": "job", "configMap": {"name": f"{spec.name}-job"}},
-        # Node-local, shared by the jobs on a node, so a dataset is synced once per node.
-        {"name": "dataset-cache", "hostPath": {"path": CACHE_DIR, "type": "DirectoryOrCreate"}},
+        cache.cache_volume(spec),  # node-local, shared by the jobs on a node: synced once per node
     ]
     pod = _pod_spec(spec, [container], volumes)
+    sync_resources = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    inits = cache.init_containers(spec, {"requests": dict(sync_resources), "limits": dict(sync_resources)})
+    if inits:
+        pod["initContainers"] = inits
     pod["affinity"] = _spread_workers(spec, topo)
-    selector = dict(spec.kubernetes.node_selector)
-    if spec.resources.gpu_product:
-        selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
-    if selector:
-        pod["nodeSelector"] = dict(sorted(selector.items()))
-    if topo.gpus_per_worker:
-        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pod.update(worker_placement(spec, topo))
     template: dict[str, Any] = {"metadata": {"labels": _labels(spec, "worker")}, "spec": pod}
     annotations = network.worker_annotations(rdma)
     if annotations:
         template["metadata"]["annotations"] = annotations
     return template
+
+
+def worker_placement(spec: JobSpec, topo: Topology) -> dict[str, Any]:
+    """nodeSelector and tolerations of the nodes a job's workers (and its cache warm-up) use."""
+    placement: dict[str, Any] = {}
+    selector = dict(spec.kubernetes.node_selector)
+    if spec.resources.gpu_product:
+        selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
+    if selector:
+        placement["nodeSelector"] = dict(sorted(selector.items()))
+    if topo.gpus_per_worker:
+        placement["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return placement
+
+
+def warm_daemonset(spec: JobSpec) -> dict[str, Any]:
+    """The DaemonSet that pre-fills the node-local dataset cache on the job's nodes."""
+    return cache.warm_daemonset(spec, worker_placement(spec, plan(spec.resources)))
 
 
 def _spread_workers(spec: JobSpec, topo: Topology) -> dict[str, Any]:

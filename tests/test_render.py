@@ -31,7 +31,7 @@ def env_of(container):
 
 
 def test_golden_cases_cover_the_required_shapes():
-    assert CASES == ["cpu", "gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp"]
+    assert CASES == ["cpu", "gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "s3-cached"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -136,6 +136,43 @@ def test_shm_start_policy_readiness_and_non_root_user():
     assert pod["securityContext"]["runAsNonRoot"] is True
     cache = next(v for v in pod["volumes"] if v["name"] == "dataset-cache")
     assert cache["hostPath"]["path"] == "/var/cache/hvdk8s"
+    assert "initContainers" not in pod  # a built-in dataset needs no cache sync
+
+
+def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
+    job = rendered("s3-cached")["mpijob"]
+    pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    permissions, sync = pod["initContainers"]
+    assert permissions["command"] == ["chown", "1000:1000", "/var/cache/hvdk8s"]
+    assert permissions["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert permissions["securityContext"]["privileged"] is False
+    assert sync["command"] == ["hvdk8s", "cache", "sync", "s3://datasets/cifar10-shards", "/var/cache/hvdk8s",
+                               "--version", "2024-06", "--quota", "500Gi"]
+    assert "runAsUser" not in sync["securityContext"]  # the pod's non-root user
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sync["env"]}
+    assert env == {"AWS_ENDPOINT_URL": "https://minio.storage.svc:9000",
+                   "AWS_ACCESS_KEY_ID": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_ACCESS_KEY_ID"}},
+                   "AWS_SECRET_ACCESS_KEY": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_SECRET_ACCESS_KEY"}}}
+    assert all(m["mountPath"] == "/var/cache/hvdk8s" for c in (permissions, sync) for m in c["volumeMounts"])
+    launcher_env = env_of(containers(job, "Launcher")[0])
+    assert launcher_env["HVDK8S_CACHE_DIR"] == "/var/cache/hvdk8s"  # forwarded to the ranks (-x)
+    assert "HVDK8S_CACHE_DIR" in containers(job, "Launcher")[0]["command"]
+
+
+def test_cache_warm_daemonset_fills_the_job_nodes(tmp_path):
+    from hvdk8s.mpijob.validate import validate_pod_template
+
+    spec = load_job(GOLDEN / "s3-cached" / "job.yaml")
+    ds = renderer.warm_daemonset(spec)
+    worker_pod = renderer.mpijob(spec)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod = ds["spec"]["template"]["spec"]
+    assert ds["kind"] == "DaemonSet" and ds["metadata"]["name"] == "cifar-s3-cache-warm"
+    assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
+    assert pod["tolerations"] == worker_pod["tolerations"]
+    assert [c["command"] for c in pod["initContainers"]] == [c["command"] for c in worker_pod["initContainers"]]
+    assert validate_pod_template(ds["spec"]["template"], "spec.template") == []
+    with pytest.raises(ValueError, match="nothing to warm"):
+        renderer.warm_daemonset(load_job(GOLDEN / "gpu-1x8" / "job.yaml"))
 
 
 def test_run_policy_kueue_pull_secrets_and_secret_references():

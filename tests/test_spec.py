@@ -69,7 +69,29 @@ BAD = [
     ("bad quantity", "resources.memory", "16GB", "resources.memory", "Kubernetes quantity"),
     ("unknown dataset", "dataset.name", "imagenet", "dataset.name", "unknown dataset 'imagenet'"),
     ("model for another task", "model.name", "transformer", "dataset.name", "language model"),
+    ("cache for a built-in dataset", "dataset.cache", True, "dataset", "`cache` applies to `path` datasets"),
 ]
+
+
+@pytest.mark.parametrize("dataset,words", [
+    ({"path": "ftp://host/data"}, "scheme 'ftp' is not supported"),
+    ({"path": "s3://bucket/data", "cache": False}, "read from the node-local cache"),
+    ({"path": "s3://bucket/data", "s3": {"endpoint": "x"}}, "unknown field"),
+])
+def test_bad_dataset_sources(dataset, words):
+    data = digits_data()
+    data["dataset"] = dataset
+    with pytest.raises(JobFileError) as e:
+        parse_job(data)
+    assert words in str(e.value)
+
+
+def test_remote_sources_are_cached_and_local_ones_on_request():
+    data = digits_data()
+    for path, cache, cached in [("s3://b/p", None, True), ("https://h/p/hvdk8s-manifest.json", None, True),
+                                ("/nfs/data", None, False), ("/nfs/data", True, True)]:
+        data["dataset"] = {"path": path, **({"cache": cache} if cache is not None else {})}
+        assert parse_job(data).dataset.cached is cached
 
 
 @pytest.mark.parametrize("what,path,value,field,words", BAD, ids=[b[0] for b in BAD])

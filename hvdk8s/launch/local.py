@@ -62,6 +62,17 @@ def environment(np: int, base: Optional[dict] = None) -> dict[str, str]:
     return env
 
 
+def prepare_dataset(spec, console=None) -> None:
+    """Sync a cached dataset into this machine's cache before the ranks start (once; reused later)."""
+    if spec.dataset.path is None or not spec.dataset.cached:
+        return
+    from hvdk8s.data import cache
+    from hvdk8s.data.datasets import cache_root, storage_options
+
+    cache.sync(spec.dataset.path, cache_root(), version=spec.dataset.version,
+               storage_options=storage_options(spec.dataset), progress=True)
+
+
 def run(job_path: str, np: int, controller: str = DEFAULT_CONTROLLER, overrides: Sequence[str] = (),
         train_args: Sequence[str] = (), console=None) -> int:
     """Start the ranks, draw rank 0's progress, and return their exit status."""

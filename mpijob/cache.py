@@ -1,0 +1,92 @@
+"""The node-local dataset cache on a cluster: the hostPath volume every worker mounts, the init
+containers that fill it before training, and a DaemonSet that pre-warms the nodes' caches.
+
+The cache directory is a hostPath shared by the jobs on a node, so a dataset is synced once per node
+and reused by later jobs (`hvdk8s cache sync` skips what is already there and verified).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hvdk8s.spec import JobSpec
+
+VOLUME = "dataset-cache"
+
+
+def cache_volume(spec: JobSpec) -> dict[str, Any]:
+    return {"name": VOLUME, "hostPath": {"path": spec.kubernetes.cache_dir, "type": "DirectoryOrCreate"}}
+
+
+def cache_mount(spec: JobSpec) -> dict[str, Any]:
+    return {"name": VOLUME, "mountPath": spec.kubernetes.cache_dir}
+
+
+def sync_command(spec: JobSpec) -> list[str]:
+    cmd = ["hvdk8s", "cache", "sync", spec.dataset.path, spec.kubernetes.cache_dir]
+    if spec.dataset.version:
+        cmd += ["--version", spec.dataset.version]
+    if spec.kubernetes.cache_quota:
+        cmd += ["--quota", spec.kubernetes.cache_quota]
+    return cmd
+
+
+def _source_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """Endpoint and credentials of an S3 source: the secret is referenced, its values never rendered."""
+    s3 = spec.dataset.s3
+    env: list[dict[str, Any]] = []
+    if s3.endpoint_url:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": s3.endpoint_url})
+    if s3.credentials_secret:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
+                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    return env
+
+
+def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, Any]]:
+    """Containers that run before a worker (or warm pod) starts: none unless the dataset is cached.
+
+    The kubelet creates a missing hostPath owned by root; the first container hands it to the
+    non-root MPI user with CAP_CHOWN alone (not privileged), the second syncs the dataset as that user."""
+    if spec.dataset.path is None or not spec.dataset.cached:
+        return []
+    k8s = spec.kubernetes
+    image = {"image": spec.image, "imagePullPolicy": k8s.image_pull_policy}
+    drop_all = {"privileged": False, "allowPrivilegeEscalation": False}
+    return [
+        {"name": "cache-permissions", **image,
+         "command": ["chown", f"{k8s.run_as_user}:{k8s.run_as_user}", k8s.cache_dir],
+         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
+         "securityContext": {**drop_all, "runAsUser": 0, "runAsNonRoot": False,
+                             "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
+         "volumeMounts": [cache_mount(spec)]},
+        {"name": VOLUME, **image, "command": sync_command(spec),
+         **({"env": _source_env(spec)} if _source_env(spec) else {}),
+         "resources": resources,
+         "securityContext": {**drop_all, "capabilities": {"drop": ["ALL"]}},
+         "volumeMounts": [cache_mount(spec)]},
+    ]
+
+
+def warm_daemonset(spec: JobSpec, pod_placement: dict[str, Any]) -> dict[str, Any]:
+    """A DaemonSet whose pods fill the cache on every node the job's workers may use, then idle.
+    `kubectl rollout status daemonset/<name>` returns once every node is warm; delete it after."""
+    if spec.dataset.path is None or not spec.dataset.cached:
+        raise ValueError("dataset: nothing to warm: only `path` datasets that are cached (s3://, http(s)://, "
+                         "or `cache: true`) use the node-local cache")
+    name = f"{spec.name}-cache-warm"
+    labels = {"hvdk8s.io/job": spec.name, "hvdk8s.io/role": "cache-warm"}
+    requests = {"cpu": "1", "memory": "1Gi"}
+    idle = {"name": "warm", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
+            "command": ["sleep", "infinity"],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}},
+            "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}}
+    pod = {"securityContext": {"runAsUser": spec.kubernetes.run_as_user, "runAsGroup": spec.kubernetes.run_as_user,
+                               "runAsNonRoot": True},
+           "initContainers": init_containers(spec, {"requests": requests, "limits": requests}),
+           "containers": [idle], "volumes": [cache_volume(spec)], **pod_placement}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": spec.kubernetes.namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "hvdk8s", **labels}},
+            "spec": {"selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}

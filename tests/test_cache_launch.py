@@ -1,0 +1,79 @@
+"""The cache before launch: `hvdk8s launch --local` syncs a remote dataset into the node-local cache
+before starting the ranks, which train from it; the next launch reuses it without fetching again."""
+import functools
+import http.server
+import re
+import threading
+
+import pytest
+import yaml
+
+from conftest import DIGITS_JOB, cli
+from hvdk8s.data import cache
+from hvdk8s.data.datasets import digits, train_test_split
+from hvdk8s.data.shards import write_shards
+
+pytestmark = pytest.mark.ranks
+
+
+class CountingHandler(http.server.SimpleHTTPRequestHandler):
+    served: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def copyfile(self, source, outputfile):
+        data = source.read()
+        outputfile.write(data)
+        self.served[self.path] = self.served.get(self.path, 0) + len(data)
+
+
+@pytest.fixture
+def digits_over_http(tmp_path):
+    root = tmp_path / "served"
+    train, test = train_test_split(digits(), 0.2)
+    for split, ds in (("train", train), ("test", test)):
+        write_shards(root / split, {"x": ds.x, "y": ds.y}, samples_per_shard=300, info=ds.info)
+    cache.write_manifest(root)
+    handler_cls = type("Handler", (CountingHandler,), {"served": {}})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler_cls, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hvdk8s-manifest.json", handler_cls.served
+    server.shutdown()
+
+
+def test_launch_syncs_then_trains_from_the_cache_and_reuses_it(digits_over_http, tmp_path):
+    url, served = digits_over_http
+    data = yaml.safe_load(DIGITS_JOB.read_text())
+    data["dataset"] = {"path": url, "version": "v1"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(data))
+    env = {"HVDK8S_CACHE_DIR": str(tmp_path / "cache")}
+
+    first = cli("launch", "--local", "-np", "2", job, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert re.search(r"synced \S+: \d+ files copied", first.stderr), first.stderr
+    accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", first.stdout).group(1))
+    assert accuracy >= 95.0
+    local = cache.cached_path(url, tmp_path / "cache", "v1")
+    assert (local / "train" / "index.json").is_file()
+    data_bytes = sum(v for k, v in served.items() if not k.endswith("manifest.json"))
+    assert data_bytes == sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+
+    served_before = dict(served)
+    second = cli("launch", "--local", "-np", "2", job, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert re.search(r"synced \S+: 0 files copied", second.stderr), second.stderr
+    fetched_again = {k: v - served_before.get(k, 0) for k, v in served.items()
+                     if not k.endswith("manifest.json") and v != served_before.get(k, 0)}
+    assert fetched_again == {}, "the second launch fetched data again"
+
+
+def test_training_an_unsynced_dataset_says_how_to_sync(tmp_path):
+    data = yaml.safe_load(DIGITS_JOB.read_text())
+    data["dataset"] = {"path": "https://127.0.0.1:9/nowhere/hvdk8s-manifest.json"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(data))
+    proc = cli("train", job, env={"HVDK8S_CACHE_DIR": str(tmp_path / "empty")}, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "is not in the node-local cache" in proc.stderr and "hvdk8s cache sync" in proc.stderr
