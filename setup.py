@@ -21,7 +21,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIR,
-    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data"],
+    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache"],
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
         "pydantic>=2.5,<3",

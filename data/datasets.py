@@ -15,7 +15,7 @@ import numpy as np
 
 from .catalog import BUILTIN, SyntheticImagesArgs, SyntheticTokensArgs
 from .sharding import epoch_rng
-from .shards import ShardedDataset
+from .shards import ShardedDataset, ShardFormatError
 
 # Built-in data is derived from a fixed seed, not the job's: changing the training seed must not
 # change which samples are held out for testing.

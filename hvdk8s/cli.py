@@ -97,8 +97,12 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     from hvdk8s import train as trainer
     from hvdk8s.data.shards import ShardFormatError
 
+    from hvdk8s.data.datasets import dataset_root
+
     spec = _load(job, overrides)
     try:
+        if spec.dataset.path is not None:
+            dataset_root(spec.dataset)  # before Horovod starts: a missing dataset is the user's to fix
         trainer.run(spec, resume=resume)
     except ShardFormatError as e:
         err.print(f"[bold red]error:[/] dataset.path: {e}", highlight=False)
@@ -119,10 +123,17 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, ove
     """Run a job: `--local -np N` starts N ranks here and follows rank 0's progress."""
     from hvdk8s.launch import local as local_launch
 
-    _load(job, overrides)  # fail here, once, rather than in every rank
+    from hvdk8s.data.cache import CacheError
+
+    spec = _load(job, overrides)  # fail here, once, rather than in every rank
     if not local:
         err.print("[bold red]error:[/] cluster launch is not available in this version; "
                   "use `hvdk8s launch --local -np N JOB`")
+        sys.exit(2)
+    try:
+        local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
+    except CacheError as e:
+        err.print(f"[bold red]error:[/] dataset.path: {e}", highlight=False)
         sys.exit(2)
     try:
         code = local_launch.run(job, np, controller, overrides, ["--no-resume"] if no_resume else [])
@@ -157,6 +168,133 @@ def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
             click.echo(str(path))
     else:
         click.echo(renderer.to_yaml(renderer.render(spec)), nl=False)
+
+
+@cli.group()
+def cache() -> None:
+    """Node-local dataset cache: sync a dataset (directory, s3://, http(s)://) onto this node once, verified.
+
+    S3 credentials and endpoint come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+    AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL)."""
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from hvdk8s.data.cache.sizes import parse_size
+
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _cache_error(e: Exception) -> None:
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)  # URLs may hold [brackets]
+    sys.exit(2)
+
+
+@cache.command("sync")
+@click.argument("src")
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.option("--key", help="Dataset key (directory name); default: derived from SRC and --version.")
+@click.option("--version", "version", help="Dataset version: a new version gets a new key.")
+@click.option("--verify", is_flag=True, help="Re-hash every cached file and re-fetch any that differ.")
+@click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True, help="Parallel copies.")
+@click.option("--quota", callback=_size, metavar="SIZE",
+              help="Keep the cache within SIZE (e.g. 50Gi), evicting least recently used datasets not in use.")
+def cache_sync(src: str, dst: str, key: str | None, version: str | None, verify: bool, workers: int,
+               quota: int | None) -> None:
+    """Sync SRC into the cache at DST; prints the synced data directory last."""
+    from hvdk8s.data import cache as dc
+
+    try:
+        result = dc.sync(src, dst, key=key, version=version, verify=verify, workers=workers, progress=True,
+                         quota_bytes=quota)
+    except dc.CacheError as e:
+        _cache_error(e)
+    click.echo(str(result.path))
+
+
+@cache.command("ls")
+@click.argument("dst", type=click.Path(file_okay=False))
+def cache_ls(dst: str) -> None:
+    """List the datasets in the cache at DST."""
+    import datetime
+
+    from rich.table import Table
+
+    from hvdk8s.data import cache as dc
+    from hvdk8s.data.cache.sizes import format_size
+
+    datasets = dc.list_datasets(dst)
+    if not datasets:
+        click.echo(f"no datasets in {dst}")
+        return
+    table = Table("key", "source", "size", "files", "last used", "held", "complete", box=None)
+    for d in datasets:
+        used = datetime.datetime.fromtimestamp(d.last_used).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(d.key, d.source or "?", format_size(d.bytes), str(d.files), used,
+                      "yes" if d.held else "no", "yes" if d.complete else "no")
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000)  # pipes get whole rows
+    out.print(table, highlight=False, markup=False)
+
+
+@cache.command("evict")
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.argument("keys", nargs=-1)
+@click.option("--quota", callback=_size, metavar="SIZE",
+              help="Evict least recently used datasets until the cache holds at most SIZE (0: all not in use).")
+def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
+    """Remove datasets from the cache at DST: the KEYs named, and/or down to --quota. Datasets held by
+    running jobs (or being synced) stay."""
+    from hvdk8s.data import cache as dc
+
+    if not keys and quota is None:
+        err.print("[bold red]error:[/] name the datasets to evict (KEY ...) or give --quota SIZE "
+                  "(--quota 0 evicts every dataset not in use)")
+        sys.exit(2)
+    try:
+        removed = dc.evict(dst, keys=list(keys) or None, quota_bytes=quota)
+    except dc.CacheError as e:
+        _cache_error(e)
+    for key in removed:
+        click.echo(f"evicted {key}")
+    kept = [k for k in keys if k not in removed]
+    for key in kept:
+        err.print(f"[yellow]warning:[/] {key} is in use (held by a running job, or being synced); not evicted",
+                  highlight=False)
+    if kept:
+        sys.exit(1)
+
+
+@cache.command("warm")
+@click.argument("job", type=click.Path(dir_okay=False))
+@_set_option
+def cache_warm(job: str, overrides: Sequence[str]) -> None:
+    """Render a DaemonSet that fills the node-local cache on the job's nodes before the MPIJob starts."""
+    from hvdk8s.mpijob import render as renderer
+
+    spec = _load(job, overrides)
+    try:
+        daemonset = renderer.warm_daemonset(spec)
+    except ValueError as e:
+        err.print(f"[bold red]error:[/] {job}: {e}", highlight=False)
+        sys.exit(2)
+    click.echo(renderer.to_yaml([daemonset]), nl=False)
+
+
+@cache.command("manifest")
+@click.argument("directory", type=click.Path(file_okay=False))
+def cache_manifest(directory: str) -> None:
+    """Publish hvdk8s-manifest.json (every file's path, size, sha256) at DIRECTORY's root, so it can be
+    served over HTTP(S) as a dataset source."""
+    from hvdk8s.data import cache as dc
+
+    try:
+        click.echo(str(dc.write_manifest(directory)))
+    except dc.CacheError as e:
+        _cache_error(e)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ def digits_over_http(tmp_path):
     root = tmp_path / "served"
     train, test = train_test_split(digits(), 0.2)
     for split, ds in (("train", train), ("test", test)):
-        write_shards(root / split, {"x": ds.x, "y": ds.y}, samples_per_shard=300, info=ds.info)
+        write_shards(root / split, {"x": ds.x, "y": ds.y}, samples_per_shard=100, info=ds.info)  # many small shards mix well
     cache.write_manifest(root)
     handler_cls = type("Handler", (CountingHandler,), {"served": {}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler_cls, directory=str(root)))

@@ -246,3 +246,12 @@ def test_validate_accepts_rendered_yaml_and_names_problems_in_broken_yaml(case, 
         for path in ("spec.slotPerWorker", "spec.mpiReplicaSpecs.Launcher.replicas",
                      "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].securityContext.privileged"):
             assert f"  {path}:" in proc.stderr, proc.stderr
+
+
+def test_cache_warm_command_prints_the_daemonset_or_says_why_not():
+    proc = cli("cache", "warm", GOLDEN / "s3-cached" / "job.yaml")
+    assert proc.returncode == 0, proc.stderr
+    ds = yaml.safe_load(proc.stdout)
+    assert ds["kind"] == "DaemonSet" and ds == renderer.warm_daemonset(load_job(GOLDEN / "s3-cached" / "job.yaml"))
+    proc = cli("cache", "warm", GOLDEN / "cpu" / "job.yaml")
+    assert proc.returncode == 2 and "nothing to warm" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,174 @@
+"""Listing and reading a dataset source through fsspec: a local (or NFS) path, s3:// (s3fs), http(s)://.
+
+S3 settings come from `storage_options` (passed to s3fs.S3FileSystem: key, secret, token,
+client_kwargs={"endpoint_url": ...}, ...) or else the environment: AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (read by botocore) and AWS_ENDPOINT_URL_S3 or
+AWS_ENDPOINT_URL (read here, so they work with any botocore). An HTTP(S) source is the URL of a
+directory holding `hvdk8s-manifest.json` (or of that file), or else a single file.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass, replace
+from typing import Any, BinaryIO
+from urllib.parse import quote, unquote, urlparse
+
+from .diskio import is_part
+from .errors import CacheError
+from .keys import PUBLISHED_MANIFEST, normalize_source
+from .published import SHARD_INDEX, check_relative, parse_manifest, shard_checksums
+
+_MD5 = re.compile(r"[0-9a-f]{32}")
+_S3_HINT = ("; give credentials and the endpoint in storage_options, or set AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL)")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str             # relative, '/'-separated: where it lands under <key>/data
+    url: str              # what the filesystem opens
+    size: int | None      # None only for an HTTP file served without Content-Length
+    etag: str | None      # S3 ETag, HTTP ETag or Last-Modified: changes when the file does
+    mtime: float | None   # local files
+    sha256: str | None    # published by the source: the copy must match it
+    md5: str | None       # a plain (single-part) S3 ETag is the object's MD5
+
+
+class Source:
+    def __init__(self, url: str, fs: Any, files: list[SourceFile], open_kwargs: dict[str, Any],
+                 pass_size: bool = False):
+        self.url = url
+        self.fs = fs
+        self.files = files
+        self._open_kwargs = open_kwargs
+        self._pass_size = pass_size  # s3fs and HTTP take the listed size and spare a HEAD request per file
+
+    def open(self, f: SourceFile) -> BinaryIO:
+        kwargs = dict(self._open_kwargs)
+        if self._pass_size and f.size:
+            kwargs["size"] = f.size
+        return self.fs.open(f.url, "rb", **kwargs)
+
+
+def open_source(source: str, storage_options: dict | None = None) -> Source:
+    """List `source`; every failure becomes a CacheError that names it."""
+    scheme = source.split("://", 1)[0].lower() if "://" in source else "file"
+    hint = _S3_HINT if scheme in ("s3", "s3a") else ""
+    try:
+        if scheme in ("http", "https"):
+            return _http_source(source, storage_options or {})
+        return _listed_source(source, scheme, storage_options or {})
+    except CacheError:
+        raise
+    except ImportError as e:
+        raise CacheError(f"{source}: reading {scheme}:// sources needs {e.name}; "
+                         "pip install 'hvdk8s[remote]'") from None
+    except FileNotFoundError:
+        raise CacheError(f"{source}: not found; check the path or URL{hint}") from None
+    except ValueError as e:
+        if "protocol" in str(e).lower():
+            raise CacheError(f"{source}: unsupported source; use a local path, s3:// or http(s)://") from None
+        raise CacheError(f"{source}: cannot list the source ({type(e).__name__}: {e}){hint}") from None
+    except Exception as e:  # network, permissions, credentials: the message says which
+        raise CacheError(f"{source}: cannot list the source ({type(e).__name__}: {e}){hint}") from None
+
+
+def _s3_options(options: dict) -> dict:
+    opts = dict(options)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    client_kwargs = dict(opts.get("client_kwargs") or {})
+    if endpoint and not opts.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
+        client_kwargs["endpoint_url"] = endpoint
+        opts["client_kwargs"] = client_kwargs
+    opts.setdefault("skip_instance_cache", True)  # a cached instance would list from a stale cache
+    return opts
+
+
+def _listed_source(source: str, scheme: str, options: dict) -> Source:
+    import fsspec
+
+    if scheme == "file":
+        fs = fsspec.filesystem("file")
+        root = normalize_source(source)
+        open_kwargs: dict[str, Any] = {}
+    elif scheme in ("s3", "s3a"):
+        fs = fsspec.filesystem("s3", **_s3_options(options))
+        root = fs._strip_protocol(source).rstrip("/")
+        open_kwargs = {"block_size": 8 << 20, "cache_type": "readahead"}
+    else:  # any other fsspec protocol that is installed (gs://, abfs://, ...), unverified by tests
+        fs = fsspec.filesystem(scheme, **options)
+        root = fs._strip_protocol(source).rstrip("/")
+        open_kwargs = {}
+
+    info = fs.info(root)
+    if info.get("type") == "directory":
+        found = {name: i for name, i in fs.find(root, detail=True).items() if i.get("type") == "file"}
+        rel_of = {name: name[len(root) + 1:] for name in found if name.startswith(root + "/")}
+    else:
+        found = {root: info}
+        rel_of = {root: posixpath.basename(root)}
+    is_s3 = scheme in ("s3", "s3a")
+    files: dict[str, SourceFile] = {}
+    published: bytes | None = None
+    for name, rel in rel_of.items():
+        if rel.endswith("/"):
+            continue  # an object store's "folder" marker (a key ending in '/'), not a file
+        if rel == PUBLISHED_MANIFEST:
+            published = fs.cat_file(name)  # the listing's checksums, not a data file
+            continue
+        if is_part(posixpath.basename(rel)):
+            continue  # a half-copied file of some other cache, never data
+        files[rel] = _describe(name, check_relative(rel, source), found[name], is_s3)
+    if not files:
+        raise CacheError(f"{source}: no files there; check the path or URL")
+    expected: dict[str, str] = {}
+    if published is not None:
+        expected = {rel: digest for rel, (_, digest) in
+                    parse_manifest(published, f"{source}/{PUBLISHED_MANIFEST}").items()}
+    for rel in [r for r in files if posixpath.basename(r) == SHARD_INDEX]:
+        directory = posixpath.dirname(rel)
+        shards = shard_checksums(fs.cat_file(files[rel].url), directory)
+        expected.update({k: v for k, v in shards.items() if k not in expected})
+    files = {rel: replace(f, sha256=expected.get(rel)) for rel, f in files.items()}
+    return Source(source, fs, list(files.values()), open_kwargs, pass_size=is_s3)
+
+
+def _describe(name: str, rel: str, info: dict, is_s3: bool) -> SourceFile:
+    etag = info.get("ETag") or info.get("etag")
+    etag = etag.strip('"') if isinstance(etag, str) else None
+    mtime = info.get("mtime")
+    return SourceFile(path=rel, url=name, size=info.get("size"), etag=etag,
+                      mtime=float(mtime) if isinstance(mtime, (int, float)) else None, sha256=None,
+                      md5=etag if is_s3 and etag and _MD5.fullmatch(etag) else None)
+
+
+def _http_source(source: str, options: dict) -> Source:
+    import fsspec
+
+    scheme = source.split("://", 1)[0].lower()
+    fs = fsspec.filesystem(scheme, **options)
+    names_manifest = source.endswith("/" + PUBLISHED_MANIFEST)
+    manifest_url = source if names_manifest else source.rstrip("/") + "/" + PUBLISHED_MANIFEST
+    base = manifest_url[: -len(PUBLISHED_MANIFEST) - 1]
+    try:
+        listing = parse_manifest(fs.cat_file(manifest_url), manifest_url)
+    except FileNotFoundError:
+        if names_manifest or source.endswith("/"):
+            raise CacheError(f"{manifest_url}: not found; publish the served directory's manifest with "
+                             "`hvdk8s cache manifest DIR`") from None
+        return _http_file(source, fs)
+    files = [SourceFile(path=rel, url=f"{base}/{quote(rel)}", size=size, etag=None, mtime=None, sha256=digest,
+                        md5=None) for rel, (size, digest) in listing.items()]
+    if not files:
+        raise CacheError(f"{manifest_url}: lists no files")
+    return Source(source, fs, files, {"block_size": 0}, pass_size=True)  # block_size 0: one streamed GET a file
+
+
+def _http_file(url: str, fs: Any) -> Source:
+    info = fs.info(url)
+    rel = check_relative(unquote(posixpath.basename(urlparse(url).path)) or "data", url)
+    f = SourceFile(path=rel, url=url, size=info.get("size"), etag=info.get("ETag") or info.get("Last-Modified"),
+                   mtime=None, sha256=None, md5=None)
+    return Source(url, fs, [f], {"block_size": 0}, pass_size=True)
