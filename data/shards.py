@@ -5,7 +5,7 @@ uncompressed NumPy archive with the same arrays (`x`, `y`), first axis = samples
 shards in order with their sample counts and SHA-256, plus the arrays' dtypes and per-sample shapes and
 what the data feeds (`info`: input_shape and num_classes, or vocab_size and seq_len).
 
-Readers stream shard by shard and keep at most two shards in memory.
+Readers stream shard by shard and keep at most four shards in memory.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import numpy as np
 FORMAT = "hvdk8s-shards"
 VERSION = 1
 INDEX = "index.json"
+# A batch spans at most two of the shard pairs that epoch_order mixes.
+_SHARDS_IN_MEMORY = 4
 
 
 class ShardFormatError(ValueError):
@@ -66,8 +68,8 @@ def write_shards(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray],
 class ShardedDataset:
     """A split in the shard format, read lazily shard by shard.
 
-    Its epoch order is a block shuffle: the shard order is permuted, and samples inside each shard are
-    permuted, so each rank reads a run of whole shards (partial ones at its edges) sequentially."""
+    Its epoch order is a block shuffle: the shard order is permuted, then each pair of neighbouring
+    shards is shuffled together. Each rank reads its run of shards front to back, a few at a time."""
 
     def __init__(self, directory: str | os.PathLike, *, verify: bool = False, storage_options: dict | None = None):
         # A local path, or any fsspec URL (s3://, https://): shards are then fetched whole, one at a time.
@@ -116,29 +118,23 @@ class ShardedDataset:
         if len(next(iter(data.values()))) != self.shards[i]["samples"]:
             raise ShardFormatError(f"{path}: holds a different number of samples than the index says")
         self._cache[i] = data
-        while len(self._cache) > 2:
+        while len(self._cache) > _SHARDS_IN_MEMORY:
             self._cache.popitem(last=False)
         return data
 
     def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Samples by global index, read shard by shard (indices of one shard should be adjacent)."""
+        """Samples by global index, in the order given, gathered one shard at a time."""
+        indices = np.asarray(indices, dtype=np.int64)
+        spec = self.index["arrays"]
+        x = np.empty((len(indices), *spec["x"]["shape"]), spec["x"]["dtype"])
+        y = np.empty((len(indices), *spec["y"]["shape"]), spec["y"]["dtype"])
         shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
-        parts_x, parts_y = [], []
-        # Runs of the same shard, in the order given.
-        cuts = np.flatnonzero(np.diff(shard_of)) + 1
-        for run_idx, run_shard in zip(np.split(indices, cuts), np.split(shard_of, cuts)):
-            if not len(run_idx):
-                continue
-            s = int(run_shard[0])
-            data = self._shard(s)
-            local = run_idx - self.offsets[s]
-            parts_x.append(data["x"][local])
-            parts_y.append(data["y"][local])
-        if not parts_x:
-            spec = self.index["arrays"]
-            return (np.empty((0, *spec["x"]["shape"]), spec["x"]["dtype"]),
-                    np.empty((0, *spec["y"]["shape"]), spec["y"]["dtype"]))
-        return np.concatenate(parts_x), np.concatenate(parts_y)
+        for s in np.unique(shard_of):  # a batch spans a few shards: one gather from each
+            rows = shard_of == s
+            data = self._shard(int(s))
+            local = indices[rows] - self.offsets[s]
+            x[rows], y[rows] = data["x"][local], data["y"][local]
+        return x, y
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         from .sharding import epoch_rng
@@ -146,5 +142,10 @@ class ShardedDataset:
         rng = epoch_rng(seed, epoch)
         blocks = [self.offsets[s] + rng.permutation(self.shards[s]["samples"])
                   for s in rng.permutation(len(self.shards))]
-        return np.concatenate(blocks) if blocks else np.empty(0, np.int64)
+        # Mix neighbouring shards in pairs, so a batch draws from two shards rather than one while
+        # reading stays shard-sequential: a batch no larger than a pair touches at most four shards.
+        pairs = [np.concatenate(blocks[i:i + 2]) for i in range(0, len(blocks), 2)]
+        for pair in pairs:
+            rng.shuffle(pair)
+        return np.concatenate(pairs) if pairs else np.empty(0, np.int64)
 

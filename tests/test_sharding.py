@@ -57,10 +57,24 @@ def test_shard_format_streams_disjoint_parts(tmp_path):
     for epoch in (1, 2):
         plans, per_rank = read_all(ds, 3, 8, seed=9, epoch=epoch)
         assert sorted(sum(per_rank, [])) == list(range(95))
-    # block shuffle: each rank's samples come in runs from one shard at a time
+    # Shard-sequential, neighbours mixed in pairs: each pair's samples are contiguous in the order and
+    # come from exactly two shards; any batch up to a shard's size touches at most four shards (what a
+    # reader keeps in memory), yet batches do mix shards.
     order = ds.epoch_order(9, 1)
-    shard_changes = np.count_nonzero(np.diff(order // 10))
-    assert shard_changes == 9  # 10 shards, visited one after another
+    sizes = {s: 10 for s in range(9)} | {9: 5}
+    pairs, current, left = [], set(), 0
+    for shard in order // 10:  # walk the order: a third shard may only start once a pair is used up
+        if shard not in current:
+            assert len(current) < 2, "a third shard began before the pair was read"
+            current.add(shard)
+            left += sizes[shard]
+        left -= 1
+        if left == 0:
+            pairs.append(current)
+            current = set()
+    assert [len(p) for p in pairs] == [2] * 5
+    assert max(len(set(order[i:i + 10] // 10)) for i in range(len(order) - 10)) <= 4
+    assert sum(len(set(order[i:i + 8] // 10)) > 1 for i in range(0, len(order), 8)) >= len(order) // 8 // 2
     _, again = read_all(ds, 3, 8, seed=9, epoch=1)
     assert again == read_all(ds, 3, 8, seed=9, epoch=1)[1]
 
