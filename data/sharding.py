@@ -51,13 +51,18 @@ def plan_epoch(order: np.ndarray, rank: int, size: int, batch_size: int, steps_m
     `steps_multiple` rounds the step count up (with empty batches) so that gradient accumulation over
     that many backward passes always ends on a full group.
     """
+    global_counts = step_counts(len(order), size, batch_size, steps_multiple)
+    start, stop = part_bounds(len(order), rank, size)
+    return EpochPlan(order[start:stop], batch_size, len(global_counts), global_counts)
+
+
+def step_counts(n: int, size: int, batch_size: int, steps_multiple: int = 1) -> np.ndarray:
+    """Samples read by all ranks together at each step of an epoch over n samples. Its length is the
+    number of steps every rank runs. It depends on the sizes alone, never on the epoch's order."""
     if batch_size <= 0:
         raise ValueError("batch_size must be positive")
-    n = len(order)
     counts = np.array([np.subtract(*part_bounds(n, r, size)[::-1]) for r in range(size)])
     steps = math.ceil(math.ceil(n / size) / batch_size)
     steps = math.ceil(steps / steps_multiple) * steps_multiple
     k = np.arange(steps)[:, None]
-    global_counts = np.clip(counts[None, :] - k * batch_size, 0, batch_size).sum(axis=1)
-    start, stop = part_bounds(n, rank, size)
-    return EpochPlan(order[start:stop], batch_size, steps, global_counts)
+    return np.clip(counts[None, :] - k * batch_size, 0, batch_size).sum(axis=1)

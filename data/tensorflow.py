@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from .sharding import plan_epoch
+from .sharding import plan_epoch, step_counts
 
 
 def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int = 0, shuffle: bool = True,
@@ -41,6 +41,6 @@ def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int
                  tf.TensorSpec((None, *y0.shape[1:]), tf.as_dtype(y0.dtype))]
     if weights:
         signature.append(tf.TensorSpec((None,), tf.float32))
-    steps = plan_epoch(np.arange(len(dataset)), rank, size, batch_size).steps
+    steps = len(step_counts(len(dataset), size, batch_size))
     data = tf.data.Dataset.from_generator(generate, output_signature=tuple(signature))
     return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(tf.data.AUTOTUNE)

@@ -6,7 +6,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 import torch
 
-from .sharding import EpochPlan, plan_epoch
+from .sharding import EpochPlan, plan_epoch, step_counts
 
 
 class Batch(NamedTuple):
@@ -41,8 +41,13 @@ class ShardedLoader:
                  else np.arange(len(self.dataset)))
         return plan_epoch(order, self.rank, self.size, self.batch_size, self.steps_multiple)
 
+    @property
+    def global_counts(self):
+        """Samples all ranks read at each step; the same every epoch (see hvdk8s.data.sharding)."""
+        return step_counts(len(self.dataset), self.size, self.batch_size, self.steps_multiple)
+
     def __len__(self) -> int:
-        return self.plan().steps
+        return len(self.global_counts)
 
     def __iter__(self) -> Iterator[Batch]:
         plan = self.plan()

@@ -17,14 +17,21 @@ _set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=V
                            help="Override a job-file field, e.g. --set training.epochs=3 (repeatable).")
 
 
+def _fail(header: str, problems: Sequence[tuple[str, str]]) -> None:
+    """Print every problem with its field path, then exit 2 (the user's input is wrong)."""
+    from rich.markup import escape  # paths and messages hold user text: brackets must print as typed
+
+    err.print(f"[bold red]error:[/] {escape(header)}", highlight=False)
+    for path, msg in problems:
+        err.print(f"  [bold]{escape(path or '(top level)')}[/]: {escape(msg)}", highlight=False)
+    sys.exit(2)
+
+
 def _load(job: str, overrides: Sequence[str]) -> JobSpec:
     try:
         return load_job(job, list(overrides))
     except JobFileError as e:
-        err.print(f"[bold red]error:[/] {e.source}: invalid job file", highlight=False)
-        for path, msg in e.problems:
-            err.print(f"  [bold]{path or '(top level)'}[/]: {msg}", highlight=False, markup=True)
-        sys.exit(2)
+        _fail(f"{e.source}: invalid job file", e.problems)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,10 +85,7 @@ def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: 
     problems = mv.validate_documents(docs, schema=schema, pod_schema=pods)
     against = f"CRD {crd}" if crd else "the cluster's CRD" if crd_from_cluster else "hvdk8s's MPIJob rules"
     if problems:
-        err.print(f"[bold red]error:[/] {path}: invalid MPIJob (checked against {against})", highlight=False)
-        for p in problems:
-            err.print(f"  [bold]{p.path or '(top level)'}[/]: {p.message}", highlight=False)
-        sys.exit(2)
+        _fail(f"{path}: invalid MPIJob (checked against {against})", [(p.path, p.message) for p in problems])
     click.echo(f"{path}: valid MPIJob (checked against {against}"
                + (", Pod specs against the Kubernetes schema)" if pods else
                   "; Pod specs not checked: pip install 'hvdk8s[validate]')"))

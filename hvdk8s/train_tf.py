@@ -32,7 +32,6 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     import hvdk8s.tensorflow as htf
     from hvdk8s.data.datasets import open_splits
     from hvdk8s.data.tensorflow import sharded_dataset
-    from hvdk8s.data.sharding import plan_epoch
     from hvdk8s.events import Reporter
     from hvdk8s.models import registry
 
@@ -66,7 +65,7 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     train_data = sharded_dataset(splits["train"], t.batch_size, rank=rank, size=size, seed=t.seed,
                                  first_epoch=start_epoch, weights=True, weight_scale=1.0 / tokens)
     test_data = sharded_dataset(splits["test"], max(256, t.batch_size), rank=rank, size=size, shuffle=False)
-    steps = plan_epoch(np.arange(len(splits["train"])), rank, size, t.batch_size).steps
+    steps = int(train_data.cardinality())
     report.emit("start", job=spec.name, framework=spec.framework, model=spec.model.name,
                 dataset=spec.dataset.name or spec.dataset.path, ranks=size,
                 compression=htf.resolve_compression(t.compression), lr=peak_lr, steps_per_epoch=steps,

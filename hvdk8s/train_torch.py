@@ -70,7 +70,7 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
                                  steps_multiple=k, device=dev)
     test_loader = ShardedLoader(splits["test"], max(256, t.batch_size), rank=rank, size=size, shuffle=False,
                                 device=dev)
-    global_counts = train_loader.plan().global_counts  # the same every epoch: depends on sizes only
+    global_counts = train_loader.global_counts
     steps = len(global_counts)
     opt_steps_per_epoch = steps // k
     warmup_steps = round(t.warmup_epochs * opt_steps_per_epoch)

@@ -51,6 +51,7 @@ def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, 
         return []
     k8s = spec.kubernetes
     image = {"image": spec.image, "imagePullPolicy": k8s.image_pull_policy}
+    source_env = _source_env(spec)
     drop_all = {"privileged": False, "allowPrivilegeEscalation": False}
     return [
         {"name": "cache-permissions", **image,
@@ -60,7 +61,7 @@ def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, 
                              "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
          "volumeMounts": [cache_mount(spec)]},
         {"name": VOLUME, **image, "command": sync_command(spec),
-         **({"env": _source_env(spec)} if _source_env(spec) else {}),
+         **({"env": source_env} if source_env else {}),
          "resources": resources,
          "securityContext": {**drop_all, "capabilities": {"drop": ["ALL"]}},
          "volumeMounts": [cache_mount(spec)]},

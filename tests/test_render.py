@@ -159,7 +159,7 @@ def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
     assert "HVDK8S_CACHE_DIR" in containers(job, "Launcher")[0]["command"]
 
 
-def test_cache_warm_daemonset_fills_the_job_nodes(tmp_path):
+def test_cache_warm_daemonset_fills_the_job_nodes():
     from hvdk8s.mpijob.validate import validate_pod_template
 
     spec = load_job(GOLDEN / "s3-cached" / "job.yaml")

@@ -20,7 +20,7 @@ def test_example_job_is_valid():
     assert proc.returncode == 0 and "valid" in proc.stdout
 
 
-def test_print_fills_defaults_and_round_trips(tmp_path):
+def test_print_fills_defaults_and_round_trips():
     proc = cli("validate", "--print", DIGITS_JOB)
     assert proc.returncode == 0
     printed = yaml.safe_load(proc.stdout)
@@ -107,7 +107,7 @@ def test_bad_job_file_exits_2_naming_the_field(tmp_path, what, path, value, fiel
     assert words in " ".join(proc.stderr.split()), proc.stderr
 
 
-def test_all_problems_are_reported_at_once(tmp_path):
+def test_all_problems_are_reported_at_once():
     data = mutate(mutate(digits_data(), "training.batch_size", 0), "model.name", "vgg")
     with pytest.raises(JobFileError) as e:
         parse_job(data)

@@ -62,7 +62,7 @@ def environment(np: int, base: Optional[dict] = None) -> dict[str, str]:
     return env
 
 
-def prepare_dataset(spec, console=None) -> None:
+def prepare_dataset(spec) -> None:
     """Sync a cached dataset into this machine's cache before the ranks start (once; reused later)."""
     if spec.dataset.path is None or not spec.dataset.cached:
         return
