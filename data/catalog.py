@@ -2,11 +2,13 @@
 framework, so job files validate anywhere."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from hvdk8s.strict import StrictModel
 
 
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Args(StrictModel):
+    """A built-in dataset's own arguments (a type of its own, so isinstance checks mean exactly that)."""
 
 
 class DigitsArgs(_Args):

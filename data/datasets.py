@@ -1,7 +1,10 @@
-"""Datasets as (x, y) sample arrays with a per-epoch order: built-ins in memory, users' data in shards.
+"""Datasets as (x, y) sample arrays with a per-epoch order: built-ins in memory, users' data in shards
+or from their own factory.
 
 Every dataset offers `len()`, `take(indices) -> (x, y)`, `epoch_order(seed, epoch)` and `info`
 (what the model needs to size itself: input_shape and num_classes, or vocab_size and seq_len).
+`as_dataset` turns what a user's factory returns ((x, y) arrays, such an object, or any map-style
+dataset with `__len__` and `__getitem__` -> (x, y), as torchvision's are) into one.
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -39,6 +42,136 @@ class ArrayDataset:
 
     def subset(self, indices: np.ndarray) -> "ArrayDataset":
         return ArrayDataset(self.x[indices], self.y[indices], dict(self.info))
+
+
+def _array(value: Any) -> np.ndarray:
+    """A sample part as numpy (torch tensors, TF tensors, PIL images and lists all convert)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    elif hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+        value = value.numpy()
+    return np.asarray(value)
+
+
+def _infer_info(x: np.ndarray, y: np.ndarray, labels: Optional[np.ndarray] = None) -> dict[str, Any]:
+    """What a model needs to size itself, read off the samples: classifiers take (N, ...) inputs and
+    integer labels; language models take token rows and next-token rows of the same shape."""
+    if y.ndim == 2 and x.shape == y.shape and np.issubdtype(x.dtype, np.integer):
+        return {"vocab_size": int(max(x.max(initial=0), y.max(initial=0))) + 1, "seq_len": int(x.shape[1])}
+    info: dict[str, Any] = {"input_shape": list(x.shape[1:])}
+    labels = y if labels is None else labels
+    if labels is not None and len(labels) and np.issubdtype(labels.dtype, np.integer):
+        info["num_classes"] = int(labels.max()) + 1
+    return info
+
+
+class MapDataset:
+    """Any map-style dataset (`len(ds)`, `ds[i] -> (x, y)`) behind the hvdk8s dataset protocol:
+    batches are the samples stacked, the epoch order a seeded permutation."""
+
+    def __init__(self, source: Any, info: Optional[dict[str, Any]] = None):
+        self.source = source
+        x0, y0 = self._sample(0)
+        self._empty = (np.zeros((0, *x0.shape), x0.dtype), np.zeros((0, *y0.shape), y0.dtype))
+        if info is None:
+            info = dict(getattr(source, "info", None) or {})
+            if not info:
+                classes = getattr(source, "classes", None)
+                targets = getattr(source, "targets", None)
+                info = _infer_info(x0[None], y0[None], _array(targets) if targets is not None else None)
+                if classes is not None:
+                    info["num_classes"] = len(classes)
+                elif targets is None:
+                    info.pop("num_classes", None)  # one sample says nothing about the number of classes
+        self.info = info
+
+    def _sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        item = self.source[int(i)]
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"sample {i} is a {type(item).__name__}, not an (x, y) pair")
+        return _array(item[0]), _array(item[1])
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(indices) == 0:
+            return self._empty
+        xs, ys = zip(*(self._sample(i) for i in indices))
+        return np.stack(xs), np.stack(ys)
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        return epoch_rng(seed, epoch).permutation(len(self))
+
+
+class IndexSubset:
+    """The samples of `base` at `indices`, in that order (a split of a dataset that has none)."""
+
+    def __init__(self, base: Any, indices: np.ndarray):
+        self.base, self.indices, self.info = base, np.asarray(indices), base.info
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.base.take(self.indices[np.asarray(indices, dtype=np.int64)])
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        return epoch_rng(seed, epoch).permutation(len(self))
+
+
+def _is_protocol(obj: Any) -> bool:
+    return all(hasattr(obj, a) for a in ("take", "epoch_order", "info", "__len__"))
+
+
+def as_dataset(obj: Any) -> Any:
+    """A dataset in hvdk8s's protocol from (x, y) arrays, a protocol object or a map-style dataset.
+    Raises TypeError or ValueError saying what is wrong with `obj`."""
+    if _is_protocol(obj):
+        ds = obj
+    elif isinstance(obj, tuple) and len(obj) == 2:  # (x, y) arrays; a list is a map-style dataset
+        x, y = _array(obj[0]), _array(obj[1])
+        if x.ndim < 1 or y.ndim < 1 or len(x) != len(y):
+            raise ValueError(f"(x, y) arrays must have one row per sample; got shapes {x.shape} and {y.shape}")
+        ds = ArrayDataset(x, y, _infer_info(x, y))
+    elif hasattr(obj, "__len__") and hasattr(obj, "__getitem__") and not isinstance(obj, (str, bytes, dict)):
+        if len(obj) == 0:
+            raise ValueError("the dataset is empty")
+        ds = MapDataset(obj)
+    else:
+        raise TypeError(f"got {type(obj).__name__}; return (x, y) arrays, a map-style dataset "
+                        "(__len__ and __getitem__ -> (x, y)) or {'train': ..., 'test': ...}")
+    if len(ds) == 0:
+        raise ValueError("the dataset is empty")
+    return ds
+
+
+def split(ds: Any, test_fraction: float) -> tuple[Any, Any]:
+    """A fixed held-out split (the same for every seed, as for built-in data)."""
+    if isinstance(ds, ArrayDataset):
+        return train_test_split(ds, test_fraction)
+    if len(ds) < 2:
+        raise ValueError(f"{len(ds)} sample cannot be split into train and test; return {{'train': ..., 'test': ...}}")
+    order = np.random.default_rng(_DATA_SEED).permutation(len(ds))
+    n_test = min(len(ds) - 1, max(1, round(len(ds) * test_fraction)))
+    return IndexSubset(ds, np.sort(order[n_test:])), IndexSubset(ds, np.sort(order[:n_test]))
+
+
+def factory_splits(dataset_spec) -> dict[str, Any]:
+    """{"train", "test"} from the user's `dataset.factory` (FactoryError naming the field otherwise)."""
+    from hvdk8s.factories import FactoryError, call, resolve
+
+    field = "dataset.factory"
+    result = call(resolve(dataset_spec.factory, field), field, dataset_spec.args)
+    try:
+        if isinstance(result, dict):
+            if set(result) != {"train", "test"}:
+                raise ValueError(f"a dict result needs exactly the keys 'train' and 'test', got {sorted(result)}")
+            return {k: as_dataset(result[k]) for k in ("train", "test")}
+        train, test = split(as_dataset(result), dataset_spec.test_fraction)
+        return {"train": train, "test": test}
+    except (TypeError, ValueError) as e:
+        raise FactoryError(field, f"returned an unusable dataset: {e}") from None
 
 
 def digits() -> ArrayDataset:
@@ -120,7 +253,7 @@ def dataset_root(dataset_spec) -> Path:
 @contextlib.contextmanager
 def holding(dataset_spec) -> Iterator[None]:
     """While training, hold a cached dataset so that cache eviction leaves it alone."""
-    if dataset_spec.path is None or not dataset_spec.cached:
+    if dataset_spec is None or dataset_spec.path is None or not dataset_spec.cached:
         yield
         return
     from .cache import dataset_key, hold
@@ -134,5 +267,7 @@ def open_splits(dataset_spec) -> dict[str, Any]:
     if dataset_spec.name is not None:
         train, test = train_test_split(_builtin(dataset_spec.name, dataset_spec.args), dataset_spec.test_fraction)
         return {"train": train, "test": test}
+    if dataset_spec.factory is not None:
+        return factory_splits(dataset_spec)
     root = dataset_root(dataset_spec)
     return {split: ShardedDataset(root / sub) for split, sub in dataset_spec.splits.items()}

@@ -19,6 +19,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from hvdk8s.atomic import atomic_write
+from hvdk8s.errors import UserError
+
 FORMAT = "hvdk8s-shards"
 VERSION = 1
 INDEX = "index.json"
@@ -26,8 +29,11 @@ INDEX = "index.json"
 _SHARDS_IN_MEMORY = 4
 
 
-class ShardFormatError(ValueError):
+class ShardFormatError(UserError, ValueError):
     """A shard directory that cannot be read; the message names the file."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
 
 
 def _sha256(path: Path) -> str:
@@ -59,9 +65,7 @@ def write_shards(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray],
         "arrays": {k: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for k, a in arrays.items()},
         "info": dict(info), "shards": shards,
     }
-    tmp = out / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
-    os.replace(tmp, out / INDEX)
+    atomic_write(out / INDEX, json.dumps(index, indent=1, sort_keys=True))
     return out / INDEX
 
 

@@ -18,7 +18,7 @@ htf.init()  # CPU: cores / local ranks threads each; GPU: the local rank's devic
 keras.utils.set_random_seed(0)
 model = build("cnn", "tensorflow", {"channels": [16, 32]}, input_shape=[1, 8, 8], num_classes=10)
 lr = htf.scaled_learning_rate(0.05)  # x ranks
-optimizer = htf.distribute(keras.optimizers.SGD(lr, momentum=0.9))  # averages gradients in apply()
+optimizer = htf.distribute(model, keras.optimizers.SGD(lr, momentum=0.9))  # rank 0's weights; averaged grads
 model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               metrics=["accuracy"], jit_compile=False)  # Horovod's ops have no XLA kernels
 start, _ = htf.load_checkpoint(ckpt_dir, model, optimizer)  # rank 0 reads, all ranks get it

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from hvdk8s.atomic import atomic_path
+
 _NAME = re.compile(r"^epoch-(\d{5,})\.ckpt$")
 
 
@@ -35,19 +37,8 @@ def save(directory: str | os.PathLike, epoch: int, payload: Any, write: Callable
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = path_for(d, epoch)
-    tmp = d / f".{final.name}.{os.getpid()}.tmp"
-    try:
+    with atomic_path(final) as tmp:
         write(payload, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
     for _, old in list_checkpoints(d)[keep:]:
         old.unlink(missing_ok=True)
     return final

@@ -1,15 +1,18 @@
-"""The `hvdk8s` command. Each verb is a thin call into a module; errors in the user's input exit 2
-with a message that names the file and field, never a traceback."""
+"""The `hvdk8s` command. Each verb is a thin call into a module; errors in the user's input (every
+`hvdk8s.errors.UserError`) reach one handler, `main`, which prints the file and field and exits 2,
+never a traceback."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import click
 from rich.console import Console
 
 from hvdk8s import __version__
-from hvdk8s.spec import JobFileError, JobSpec, dump_job, load_job
+from hvdk8s.errors import UserError
+from hvdk8s.spec import JobSpec, dump_job, load_job
 
 err = Console(stderr=True, soft_wrap=True)  # long field paths stay whole for grep and logs
 
@@ -28,10 +31,13 @@ def _fail(header: str, problems: Sequence[tuple[str, str]]) -> None:
 
 
 def _load(job: str, overrides: Sequence[str]) -> JobSpec:
-    try:
-        return load_job(job, list(overrides))
-    except JobFileError as e:
-        _fail(f"{e.source}: invalid job file", e.problems)
+    return load_job(job, list(overrides))
+
+
+def _check_code(spec: JobSpec, job: str) -> None:
+    from hvdk8s.preflight import check_code
+
+    check_code(spec, Path(job).parent, job)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,18 +53,24 @@ def cli() -> None:
 @click.option("--crd", type=click.Path(dir_okay=False, exists=True),
               help="MPIJobs: check against this CRD file instead of hvdk8s's own rules.")
 @click.option("--crd-from-cluster", is_flag=True, help="MPIJobs: check against the CRD the cluster serves.")
-def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, crd_from_cluster: bool) -> None:
-    """Check a job file, or a YAML of MPIJobs; exit 2 listing every problem with its field path."""
+@click.option("--no-import", is_flag=True,
+              help="Job files: do not import and call model/dataset factories (e.g. where their code is absent).")
+def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, crd_from_cluster: bool,
+             no_import: bool) -> None:
+    """Check a job file, or a YAML of MPIJobs; exit 2 listing every problem with its field path.
+
+    Job files with `factory` paths have them imported and called, and a carried entrypoint script must exist."""
     docs = _mpijob_documents(job)
     if docs is not None:
         _validate_mpijobs(job, docs, crd, crd_from_cluster)
         return
     spec = _load(job, overrides)
+    if not no_import:
+        _check_code(spec, job)
     if show:
         click.echo(dump_job(spec), nl=False)
     else:
-        click.echo(f"{job}: valid ({spec.framework} {spec.model.name} on {spec.dataset.name or spec.dataset.path}, "
-                   f"{spec.training.epochs} epochs)")
+        click.echo(f"{job}: valid ({spec.summary}, {spec.training.epochs} epochs)")
 
 
 def _mpijob_documents(path: str) -> list | None:
@@ -79,8 +91,7 @@ def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: 
     try:
         schema = mv.load_crd_schema(crd) if crd else mv.crd_schema_from_cluster() if crd_from_cluster else None
     except (ValueError, RuntimeError) as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        sys.exit(2)
+        raise UserError(str(e)) from None
     pods = mv.pod_schema_available()
     problems = mv.validate_documents(docs, schema=schema, pod_schema=pods)
     against = f"CRD {crd}" if crd else "the cluster's CRD" if crd_from_cluster else "hvdk8s's MPIJob rules"
@@ -98,19 +109,17 @@ def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: 
               help="Continue from the newest valid checkpoint in training.checkpoint.dir.")
 def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     """Train as one rank of a job (what horovodrun or mpirun starts on every rank)."""
-    from hvdk8s import train as trainer
-    from hvdk8s.data.shards import ShardFormatError
-
+    from hvdk8s import trainer
     from hvdk8s.data.datasets import dataset_root
+    from hvdk8s.factories import importable_from
 
     spec = _load(job, overrides)
-    try:
-        if spec.dataset.path is not None:
-            dataset_root(spec.dataset)  # before Horovod starts: a missing dataset is the user's to fix
+    if spec.entrypoint is not None:
+        raise UserError(f"{job}: this job runs its own entrypoint; start it with `hvdk8s launch`")
+    if spec.dataset.path is not None:
+        dataset_root(spec.dataset)  # before Horovod starts: a missing dataset is the user's to fix
+    with importable_from(Path(job).parent):  # factories beside a job file run by hand
         trainer.run(spec, resume=resume)
-    except ShardFormatError as e:
-        err.print(f"[bold red]error:[/] dataset.path: {e}", highlight=False)
-        sys.exit(2)
 
 
 @cli.command()
@@ -125,25 +134,20 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
 @_set_option
 def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, overrides: Sequence[str]) -> None:
     """Run a job: `--local -np N` starts N ranks here and follows rank 0's progress."""
-    from hvdk8s.launch import local as local_launch
-
     from hvdk8s.data.cache import CacheError
+    from hvdk8s.launch import local as local_launch
 
     spec = _load(job, overrides)  # fail here, once, rather than in every rank
     if not local:
-        err.print("[bold red]error:[/] cluster launch is not available in this version; "
-                  "use `hvdk8s launch --local -np N JOB`")
-        sys.exit(2)
+        raise UserError("cluster launch is not available in this version; use `hvdk8s launch --local -np N JOB`")
+    if no_resume and spec.entrypoint is not None:
+        raise UserError(f"{job}: --no-resume is for hvdk8s's trainer; this job's entrypoint decides how it resumes")
+    _check_code(spec, job)
     try:
         local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
     except CacheError as e:
-        err.print(f"[bold red]error:[/] dataset.path: {e}", highlight=False)
-        sys.exit(2)
-    try:
-        code = local_launch.run(job, np, controller, overrides, ["--no-resume"] if no_resume else [])
-    except local_launch.LaunchError as e:
-        err.print(f"[bold red]error:[/] {e}")
-        sys.exit(2)
+        raise UserError(f"{job}: the dataset could not be synced", [("dataset.path", str(e))]) from None
+    code = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume)
     if code:
         err.print(f"[bold red]error:[/] the ranks exited with status {code}")
     sys.exit(code)
@@ -160,7 +164,10 @@ def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
 
     from hvdk8s.mpijob import validate as mv
 
+    from hvdk8s.entrypoint import carried_files
+
     spec = _load(job, overrides)
+    files = carried_files(spec, Path(job).parent, job)  # a script the ConfigMap carries to the cluster
     # Our own output must pass the operator's rules: a failure here is a bug in hvdk8s, so say so.
     problems = mv.validate_mpijob(renderer.mpijob(spec), pod_schema=mv.pod_schema_available())
     if problems:
@@ -168,10 +175,10 @@ def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
                   "please report it:\n" + "\n".join(f"  {p}" for p in problems), highlight=False)
         sys.exit(1)
     if output:
-        for path in renderer.write_directory(spec, output):
+        for path in renderer.write_directory(spec, output, files):
             click.echo(str(path))
     else:
-        click.echo(renderer.to_yaml(renderer.render(spec)), nl=False)
+        click.echo(renderer.to_yaml(renderer.render(spec, files)), nl=False)
 
 
 @cli.group()
@@ -191,13 +198,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(e)) from None
 
 
-def _cache_error(e: Exception) -> None:
-    from rich.markup import escape
-
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)  # URLs may hold [brackets]
-    sys.exit(2)
-
-
 @cache.command("sync")
 @click.argument("src")
 @click.argument("dst", type=click.Path(file_okay=False))
@@ -212,11 +212,8 @@ def cache_sync(src: str, dst: str, key: str | None, version: str | None, verify:
     """Sync SRC into the cache at DST; prints the synced data directory last."""
     from hvdk8s.data import cache as dc
 
-    try:
-        result = dc.sync(src, dst, key=key, version=version, verify=verify, workers=workers, progress=True,
-                         quota_bytes=quota)
-    except dc.CacheError as e:
-        _cache_error(e)
+    result = dc.sync(src, dst, key=key, version=version, verify=verify, workers=workers, progress=True,
+                     quota_bytes=quota)
     click.echo(str(result.path))
 
 
@@ -258,10 +255,7 @@ def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
         err.print("[bold red]error:[/] name the datasets to evict (KEY ...) or give --quota SIZE "
                   "(--quota 0 evicts every dataset not in use)")
         sys.exit(2)
-    try:
-        removed = dc.evict(dst, keys=list(keys) or None, quota_bytes=quota)
-    except dc.CacheError as e:
-        _cache_error(e)
+    removed = dc.evict(dst, keys=list(keys) or None, quota_bytes=quota)
     for key in removed:
         click.echo(f"evicted {key}")
     kept = [k for k in keys if k not in removed]
@@ -283,8 +277,7 @@ def cache_warm(job: str, overrides: Sequence[str]) -> None:
     try:
         daemonset = renderer.warm_daemonset(spec)
     except ValueError as e:
-        err.print(f"[bold red]error:[/] {job}: {e}", highlight=False)
-        sys.exit(2)
+        raise UserError(f"{job}: {e}") from None
     click.echo(renderer.to_yaml([daemonset]), nl=False)
 
 
@@ -295,11 +288,11 @@ def cache_manifest(directory: str) -> None:
     served over HTTP(S) as a dataset source."""
     from hvdk8s.data import cache as dc
 
-    try:
-        click.echo(str(dc.write_manifest(directory)))
-    except dc.CacheError as e:
-        _cache_error(e)
+    click.echo(str(dc.write_manifest(directory)))
 
 
 def main() -> None:
-    cli(prog_name="hvdk8s")
+    try:
+        cli(prog_name="hvdk8s")
+    except UserError as e:
+        _fail(e.header, e.problems)

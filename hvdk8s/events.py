@@ -16,9 +16,11 @@ PREFIX = "@hvdk8s "
 def format_text(event: dict[str, Any]) -> str:
     kind = event.get("event")
     if kind == "start":
+        precision = event.get("precision", "fp32")
         return (f"job {event['job']}: {event['framework']} {event['model']} on {event['dataset']}, "
-                f"{event['ranks']} ranks, compression {event['compression']}, lr {event['lr']:.4g}, "
-                f"{event['steps_per_epoch']} steps/epoch")
+                f"{event['ranks']} ranks, compression {event['compression']}, "
+                + (f"precision {precision}, " if precision != "fp32" else "")
+                + f"lr {event['lr']:.4g}, {event['steps_per_epoch']} steps/epoch")
     if kind == "resume":
         return f"resumed from {event['path']} (epoch {event['epoch']}, parameters {event['digest']})"
     if kind == "progress":
@@ -27,7 +29,8 @@ def format_text(event: dict[str, Any]) -> str:
     if kind == "epoch":
         return (f"epoch {event['epoch']}/{event['epochs']}  loss {event['loss']:.4f}  acc {event['accuracy']:.2%}  "
                 f"test loss {event['test_loss']:.4f}  test acc {event['test_accuracy']:.2%}  "
-                f"{event['samples_per_s']:.0f} samples/s  {event['seconds']:.2f}s")
+                f"{event['samples_per_s']:.0f} samples/s  {event['seconds']:.2f}s"
+                + (f"  loss scale {event['loss_scale']:g}" if event.get("loss_scale") is not None else ""))
     if kind == "checkpoint":
         return f"checkpoint {event['path']}"
     if kind == "done":

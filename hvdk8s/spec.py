@@ -11,35 +11,77 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, Field, ValidationError, field_validator,
                       model_validator)
 
+from hvdk8s import compression, precision
+from hvdk8s.errors import UserError
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
+from hvdk8s.quantity import ByteQuantity, Quantity
+from hvdk8s.strict import StrictModel
 
 Framework = Literal["pytorch", "tensorflow"]
-Compression = Literal["auto", "fp16", "none"]
+Precision = Literal[precision.CHOICES]
+Compression = Literal[compression.CHOICES]
 
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+# Every rank finds its validated job (defaults filled in) at the path this variable names: a file the
+# local launcher writes, or the job's ConfigMap on a cluster. `hvdk8s.job()` reads it.
+JOB_ENV = "HVDK8S_JOB"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = StrictModel  # the name the models below (and others' additions) subclass
+
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+Task = Literal["classification", "language_model"]
+
+
+def _import_path(v: Optional[str]) -> Optional[str]:
+    if v is not None and not _IMPORT_PATH.match(v):
+        raise ValueError(f"{v!r} is not an import path; write 'package.module:function'")
+    return v
+
+
+ImportPath = Annotated[Optional[str], AfterValidator(_import_path)]
 
 
 class ModelSpec(_Strict):
-    name: str = Field(description="registry name: mlp, cnn, resnet or transformer")
+    name: Optional[str] = Field(default=None, description="registry name: mlp, cnn, resnet or transformer")
+    factory: ImportPath = Field(default=None, description="your own model: 'package.module:function' that "
+                                                          "returns a torch.nn.Module or a keras.Model")
+    task: Optional[Task] = Field(default=None, description="what a factory model does (default classification): "
+                                                           "picks the loss and accuracy")
     args: dict[str, Any] = Field(default_factory=dict, description="the model's own arguments")
 
     @field_validator("name")
     @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in registry.REGISTRY:
-            raise ValueError(f"unknown model {v!r}; registered models: {', '.join(sorted(registry.REGISTRY))}")
+    def _known(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in registry.REGISTRY:
+            raise ValueError(f"unknown model {v!r}; registered models: {', '.join(sorted(registry.REGISTRY))} "
+                             "(or give `factory` for your own)")
         return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if (self.name is None) == (self.factory is None):
+            raise ValueError("give exactly one of `name` (a registered model) or `factory` (your own)")
+        if self.name is not None and self.task is not None:
+            raise ValueError("`task` is for factory models; a registered model knows its task")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.factory
+
+    @property
+    def resolved_task(self) -> str:
+        return registry.get(self.name).task if self.name else (self.task or "classification")
 
 
 REMOTE_SCHEMES = ("s3", "http", "https")
@@ -56,15 +98,17 @@ class S3Spec(_Strict):
 
 class DatasetSpec(_Strict):
     name: Optional[str] = Field(default=None, description="a built-in dataset: " + ", ".join(catalog.BUILTIN))
+    factory: ImportPath = Field(default=None, description="your own data: 'package.module:function' returning "
+                                                          "(x, y) arrays, a map-style dataset, or {train:, test:}")
     path: Optional[str] = Field(default=None, description="a directory in the hvdk8s shard format: a local or NFS "
                                                         "path, s3://bucket/prefix or an http(s):// URL")
     version: Optional[str] = Field(default=None, description="part of the cache key: a new version is a new copy")
     cache: Optional[bool] = Field(default=None, description="sync onto node-local disk before training "
                                                             "(default: yes for s3:// and http(s):// sources)")
     s3: S3Spec = Field(default_factory=S3Spec)
-    args: dict[str, Any] = Field(default_factory=dict, description="the built-in dataset's arguments")
+    args: dict[str, Any] = Field(default_factory=dict, description="arguments of the built-in dataset or factory")
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0,
-                                 description="held-out share of a built-in dataset")
+                                 description="held-out share of a built-in or factory dataset without its own split")
     splits: dict[Literal["train", "test"], str] = Field(
         default_factory=lambda: {"train": "train", "test": "test"},
         description="sub-directory of `path` holding each split's shards and index")
@@ -79,18 +123,23 @@ class DatasetSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
-        if (self.name is None) == (self.path is None):
-            raise ValueError("give exactly one of `name` (a built-in dataset) or `path` (shard format)")
+        if sum(v is not None for v in (self.name, self.path, self.factory)) != 1:
+            raise ValueError("give exactly one of `name` (a built-in dataset), `path` (shard format) or `factory` "
+                             "(your own)")
         if self.path is not None and self.args:
             raise ValueError("`args` applies to built-in datasets only; a `path` dataset is described by its index")
         if self.path is None and self.cache:
-            raise ValueError("`cache` applies to `path` datasets; built-in datasets are generated in memory")
+            raise ValueError("`cache` applies to `path` datasets; built-in and factory datasets are not synced")
         scheme = self.path.split("://", 1)[0] if self.path and "://" in self.path else None
         if scheme is not None and scheme not in REMOTE_SCHEMES + ("file",):
             raise ValueError(f"path scheme {scheme!r} is not supported; use a local path, s3:// or http(s)://")
         if self.remote and self.cache is False:
             raise ValueError(f"a {scheme}:// dataset is read from the node-local cache; remove `cache: false`")
         return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.path or self.factory
 
     @property
     def remote(self) -> bool:
@@ -125,16 +174,10 @@ class TrainingSpec(_Strict):
     backward_passes_per_step: int = Field(default=1, ge=1)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     seed: int = Field(default=0, ge=0)
-
-
-def _quantity(value: Union[str, int, float]) -> str:
-    s = str(value)
-    if not _QUANTITY.match(s):
-        raise ValueError(f"{s!r} is not a Kubernetes quantity (examples: 4, 500m, 16Gi)")
-    return s
-
-
-Quantity = Annotated[Union[str, int, float], AfterValidator(_quantity)]
+    precision: Precision = Field(default="fp32", description="fp32, or mixed precision: bf16, or fp16 with loss "
+                                                             "scaling")
+    clip_grad_norm: Optional[float] = Field(default=None, gt=0.0, allow_inf_nan=False,
+                                            description="clip the averaged gradients to this global L2 norm")
 
 
 class RDMASpec(_Strict):
@@ -207,7 +250,7 @@ class KubernetesSpec(_Strict):
     node_selector: dict[str, str] = Field(default_factory=dict)
     run_as_user: int = Field(default=1000, ge=1, description="non-root uid of the image's MPI user")
     cache_dir: str = Field(default="/var/cache/hvdk8s", description="node-local dataset cache (hostPath)")
-    cache_quota: Optional[Quantity] = Field(default=None, description="evict least recently used datasets "
+    cache_quota: Optional[ByteQuantity] = Field(default=None, description="evict least recently used datasets "
                                                                       "beyond this size")
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"
     ttl_seconds_after_finished: Optional[int] = Field(default=None, ge=0)
@@ -223,11 +266,65 @@ class KubernetesSpec(_Strict):
         return v
 
 
+class EntrypointSpec(_Strict):
+    """Your own training script or module, started on every rank in place of `hvdk8s train`."""
+
+    script: Optional[str] = Field(default=None, description="a Python file (relative to the job file's folder)")
+    module: Optional[str] = Field(default=None, description="a module run as `python -m MODULE`")
+    args: list[Union[str, int, float]] = Field(default_factory=list, description="its command-line arguments")
+    code: Optional[Literal["configmap", "image"]] = Field(
+        default=None, description="on a cluster: carry the script in the job's ConfigMap (default for scripts) "
+                                  "or find it in the image (`script` is then its path there; modules always)")
+
+    @field_validator("module")
+    @classmethod
+    def _dotted(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _MODULE.match(v):
+            raise ValueError(f"{v!r} is not a module name (e.g. my_pkg.train)")
+        return v
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _strings(cls, v: Any) -> Any:
+        if isinstance(v, list) and any(isinstance(a, bool) for a in v):  # YAML's yes/true: say so, not "1"
+            raise ValueError("arguments are strings; quote true/false")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _as_text(cls, v: list) -> list:
+        return [str(a) for a in v]
+
+    @model_validator(mode="after")
+    def _one(self) -> "EntrypointSpec":
+        if (self.script is None) == (self.module is None):
+            raise ValueError("give exactly one of `script` (a Python file) or `module`")
+        if self.module is not None and self.code == "configmap":
+            raise ValueError("`code: configmap` carries a script; a module must be installed in the image")
+        if self.script is not None and ("\0" in self.script or not self.script.strip()):
+            raise ValueError("`script` must be a file path")
+        if self.carried and (not _CONFIGMAP_KEY.match(self.script_name) or self.script_name == "job.yaml"):
+            raise ValueError(f"the script's file name {self.script_name!r} must be letters, digits, '-', '_' or '.' "
+                             "(it becomes a key of the job's ConfigMap), and not job.yaml")
+        return self
+
+    @property
+    def script_name(self) -> str:
+        return Path(self.script).name if self.script else ""
+
+    @property
+    def carried(self) -> bool:
+        """Whether a cluster gets the script through the job's ConfigMap (else it is in the image)."""
+        return self.script is not None and (self.code or "configmap") == "configmap"
+
+
 class JobSpec(_Strict):
     name: str = Field(description="job name: lower-case letters, digits and '-', starting with a letter")
     framework: Framework
-    model: ModelSpec
-    dataset: DatasetSpec
+    entrypoint: Optional[EntrypointSpec] = Field(default=None, description="your own script or module instead "
+                                                                           "of hvdk8s's trainer")
+    model: Optional[ModelSpec] = Field(default=None, description="required unless an entrypoint brings its own")
+    dataset: Optional[DatasetSpec] = Field(default=None, description="required unless an entrypoint brings its own")
     training: TrainingSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
@@ -241,23 +338,33 @@ class JobSpec(_Strict):
                              "not end with '-' (it names Kubernetes objects)")
         return v
 
-    @property
-    def model_args(self) -> BaseModel:
-        return registry.get(self.model.name).args(**self.model.args)
+    @model_validator(mode="after")
+    def _trainer_needs(self) -> "JobSpec":
+        if self.entrypoint is None and (self.model is None or self.dataset is None):
+            missing = " and ".join(f"`{f}`" for f in ("model", "dataset") if getattr(self, f) is None)
+            raise ValueError(f"{missing} required: hvdk8s's trainer needs them (or give an `entrypoint`)")
+        return self
 
     @property
-    def dataset_args(self) -> BaseModel:
-        return catalog.BUILTIN[self.dataset.name][0](**self.dataset.args) if self.dataset.name else None
+    def cached_dataset(self) -> Optional[DatasetSpec]:
+        """The dataset when it is a `path` read from the node-local cache (synced before the ranks start)."""
+        d = self.dataset
+        return d if d is not None and d.path is not None and d.cached else None
+
+    @property
+    def summary(self) -> str:
+        """What runs, in a few words (for messages)."""
+        if self.entrypoint is not None:
+            return f"{self.framework} script {self.entrypoint.script or '-m ' + self.entrypoint.module}"
+        return f"{self.framework} {self.model.label} on {self.dataset.label}"
 
 
-class JobFileError(Exception):
+class JobFileError(UserError):
     """A job file that cannot be used; `problems` lists (field path, message) pairs."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  {path or '(top level)'}: {msg}" for path, msg in problems)
-        super().__init__(f"{source}: invalid job file\n{lines}")
+        super().__init__(f"{source}: invalid job file", problems)
 
 
 def _path(loc: tuple) -> str:
@@ -299,23 +406,26 @@ def _problems(err: ValidationError, model: type[BaseModel], prefix: tuple = ()) 
 def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
     """Rules that span fields: each model's and dataset's own arguments, and their pairing."""
     problems = []
-    entry = registry.get(spec.model.name)
-    try:
-        entry.args(**spec.model.args)
-    except ValidationError as e:
-        problems += _problems(e, entry.args, ("model", "args"))
-    if spec.framework not in entry.builders:
-        problems.append(("framework", f"model {entry.name!r} is not yet available for {spec.framework} "
-                                      f"(available for: {', '.join(sorted(entry.builders))})"))
-    if spec.dataset.name:
+    entry = registry.get(spec.model.name) if spec.model is not None and spec.model.name else None
+    if entry is not None:
+        try:
+            entry.args(**spec.model.args)
+        except ValidationError as e:
+            problems += _problems(e, entry.args, ("model", "args"))
+        if spec.framework not in entry.builders:
+            problems.append(("framework", f"model {entry.name!r} is not yet available for {spec.framework} "
+                                          f"(available for: {', '.join(sorted(entry.builders))})"))
+    if spec.dataset is not None and spec.dataset.name:
         args_model, task = catalog.BUILTIN[spec.dataset.name]
         try:
             args_model(**spec.dataset.args)
         except ValidationError as e:
             problems += _problems(e, args_model, ("dataset", "args"))
-        if task != entry.task:
+        model_task = spec.model.resolved_task if spec.model is not None else task
+        if task != model_task:
             problems.append(("dataset.name", f"dataset {spec.dataset.name!r} feeds {task.replace('_', ' ')} "
-                                             f"models, but model {entry.name!r} is a {entry.task.replace('_', ' ')} model"))
+                                             f"models, but model {spec.model.label!r} is a "
+                                             f"{model_task.replace('_', ' ')} model"))
     return problems
 
 
@@ -348,7 +458,11 @@ def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise JobFileError(source, [(key, f"cannot set a field inside {part!r}, which is not a mapping")])
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise JobFileError(source, [(key, f"{raw!r} is not a YAML value "
+                                              f"({getattr(e, 'problem', None) or e})")]) from None
     return data
 
 
@@ -381,3 +495,19 @@ def load_job(path: Union[str, Path], overrides: Optional[list[str]] = None) -> J
 def dump_job(spec: JobSpec) -> str:
     """The job as canonical YAML (defaults filled in, stable key order)."""
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+
+
+_current: dict[str, JobSpec] = {}
+
+
+def current_job() -> JobSpec:
+    """The job this process runs as a rank of (see JOB_ENV); read and validated once per process."""
+    import os
+
+    path = os.environ.get(JOB_ENV)
+    if not path:
+        raise JobFileError(JOB_ENV, [("", "not set: start this script through `hvdk8s launch` (locally: "
+                                          "--local -np N) or a rendered MPIJob, or set it to a job file")])
+    if path not in _current:
+        _current[path] = load_job(path)
+    return _current[path]

@@ -1,4 +1,5 @@
-"""Horovod for TensorFlow 2 with Keras 3: the same verbs as `hvdk8s.torch`.
+"""Horovod for TensorFlow 2 with Keras 3: the same verbs, parameters and meaning as `hvdk8s.torch`
+(the contract in hvdk8s/_adapter.py), plus Keras callbacks and mixed precision.
 
 Horovod 0.28.1's own Keras layer (`horovod.tensorflow.keras`, `DistributedGradientTape`) calls
 `Variable.ref()`, which Keras 3 variables lack. This module builds on Horovod's core TensorFlow ops
@@ -6,30 +7,51 @@ only (grouped_allreduce, broadcast, fp16 compression), which work with TF 2.16+ 
 
     import keras, hvdk8s.tensorflow as htf
     htf.init()
+    htf.set_precision("bf16")                      # optional, before building the model
     model = ...
-    optimizer = htf.distribute(keras.optimizers.SGD(0.05 * htf.size()), compression="auto")
+    optimizer = htf.distribute(model, keras.optimizers.SGD(htf.scaled_learning_rate(0.05)))
     model.compile(optimizer=optimizer, loss=..., jit_compile=False)   # Horovod ops do not run under XLA
     model.fit(data, callbacks=htf.callbacks(), verbose=htf.verbose())
 
 The distributed optimizer averages gradients inside `optimizer.apply`, which both `model.fit` and a
-custom `GradientTape` loop (`optimizer.apply(grads, model.trainable_variables)`) go through.
+custom `GradientTape` loop (`optimizer.apply(grads, model.trainable_variables)`) go through. A built
+model's variables and the optimizer's state are broadcast from root_rank by `distribute` itself, so a
+custom loop is consistent from its first step; for a model built later, `callbacks()` broadcasts when
+`fit` starts (or call `broadcast_state` yourself).
+
+Gradient clipping: the optimizer's own `global_clipnorm` (or `clipnorm`) acts inside `apply` after the
+allreduce, i.e. on the gradients averaged over all ranks — as one process on the whole batch would.
+
+Mixed precision: `set_precision("bf16")` needs nothing else. For `set_precision("fp16")` wrap the plain
+optimizer in `keras.optimizers.LossScaleOptimizer` and distribute that wrapper; put `global_clipnorm`
+on the inner optimizer, which sees the gradients after unscaling. The allreduce then runs before the
+loss-scale optimizer's finiteness check, so every rank sees the same averaged gradients and takes the
+same branch (step or skip): a non-finite gradient on one rank makes all of them skip the step and
+halve the scale. (An allreduce inside the inner optimizer would be skipped by the ranks whose local
+gradients overflowed, and the others would wait for it forever.) In a custom loop, scale the loss
+with `optimizer.scale_loss(loss)` before taking gradients; `model.fit` does that itself.
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Optional, Sequence
+import inspect
+import json
+import sys
+from typing import Any, Callable, Optional, Sequence, Union
 
 import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdk8s import compression as _compression
+from hvdk8s import _adapter, precision as _precision
+from hvdk8s._adapter import CONTRACT
+from hvdk8s.schedule import warmup_lr
 
 rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_size
 Average, Sum = hvd.Average, hvd.Sum
 
 _COMPRESSORS = {"fp16": hvd.Compression.fp16, "none": hvd.Compression.none}
+_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}  # keys: precision.CHOICES
 
 
 def init(threads_per_rank: Optional[int] = None) -> None:
@@ -42,9 +64,16 @@ def init(threads_per_rank: Optional[int] = None) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
         return
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // hvd.local_size())
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_intra_op_parallelism_threads(_adapter.cpu_threads(threads_per_rank, hvd.local_size()))
     tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def set_precision(precision: str) -> None:
+    """Keras 3's global dtype policy: 'fp32' (float32), 'bf16' (mixed_bfloat16) or 'fp16'
+    (mixed_float16; distribute a LossScaleOptimizer). Layers take it when built: call this first."""
+    if precision not in _precision.CHOICES:
+        raise ValueError(f"precision must be one of {', '.join(_precision.CHOICES)}, got {precision!r}")
+    keras.mixed_precision.set_dtype_policy(_POLICIES[precision])
 
 
 def is_rank0() -> bool:
@@ -52,9 +81,8 @@ def is_rank0() -> bool:
 
 
 def log(*args: Any, **kwargs: Any) -> None:
-    """print() on rank 0 only."""
-    if hvd.rank() == 0:
-        print(*args, **kwargs, flush=True)
+    """print() on rank 0 only, flushed at once."""
+    _adapter.rank0_print(hvd.rank(), *args, **kwargs)
 
 
 def verbose() -> int:
@@ -64,12 +92,19 @@ def verbose() -> int:
 
 def resolve_compression(choice: str = "auto") -> str:
     """'fp16' or 'none': `auto` is fp16 only for GPU jobs that span more than one node."""
-    return _compression.resolve(choice, on_gpu=bool(tf.config.list_logical_devices("GPU")),
-                                nodes=hvd.cross_size())
+    return _adapter.resolve_compression(choice, on_gpu=bool(tf.config.list_logical_devices("GPU")),
+                                        nodes=hvd.cross_size())
 
 
-def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str = "auto", op=None):
-    """Average gradients over all ranks in one grouped allreduce (None entries pass through)."""
+def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_step: int = 1) -> float:
+    """`base` (the rate for one rank) grown by `rule` with ranks x backward_passes_per_step."""
+    return _adapter.scaled_learning_rate(base, rule, hvd.size(), backward_passes_per_step)
+
+
+def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str = "auto", op=None,
+                        **horovod_options: Any) -> list:
+    """Average gradients over all ranks in one grouped allreduce (None entries pass through).
+    horovod_options (prescale_factor, postscale_factor, process_set) go to hvd.grouped_allreduce."""
     if hvd.size() == 1:
         return list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
@@ -77,7 +112,7 @@ def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str =
         return list(grads)
     dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices (embeddings) -> dense
     reduced = hvd.grouped_allreduce(dense, op=hvd.Average if op is None else op,
-                                    compression=_COMPRESSORS[resolve_compression(compression)])
+                                    compression=_COMPRESSORS[resolve_compression(compression)], **horovod_options)
     out = list(grads)
     for i, g in zip(present, reduced):
         out[i] = g
@@ -85,45 +120,86 @@ def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str =
 
 
 class _Distributed:
-    """Mixed into a Keras optimizer class: average gradients across ranks before applying them."""
+    """Mixed into a Keras optimizer class: average gradients across ranks before applying them, i.e.
+    before the clipping, the loss-scale check and the update that the optimizer's own `apply` does."""
 
-    _hvdk8s_compression = "auto"
-    _hvdk8s_op = None
+    _hvdk8s_reduce: dict = {}
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply(allreduce_gradients(list(grads), self._hvdk8s_compression, self._hvdk8s_op),
-                             trainable_variables)
+        return super().apply(allreduce_gradients(list(grads), **self._hvdk8s_reduce), trainable_variables)
 
 
-def distribute(optimizer: keras.optimizers.Optimizer, *, compression: str = "auto", op=None,
-               backward_passes_per_step: int = 1) -> keras.optimizers.Optimizer:
-    """A copy of `optimizer` (same class and settings) whose updates use gradients averaged over all
-    ranks. backward_passes_per_step > 1 accumulates that many batches per update (Keras 3's
-    gradient_accumulation_steps)."""
-    cls = type(optimizer)
-    dist_cls = type(cls.__name__, (_Distributed, cls), {"_hvdk8s_compression": compression, "_hvdk8s_op": op})
-    config = optimizer.get_config()
-    if backward_passes_per_step > 1:
-        config["gradient_accumulation_steps"] = backward_passes_per_step
-    return dist_cls.from_config(config)
+def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, compression: str = "auto",
+               backward_passes_per_step: int = 1, op=None, root_rank: int = 0,
+               **horovod_options: Any) -> keras.optimizers.Optimizer:
+    """A copy of `optimizer` (same class, settings and state) whose updates use gradients averaged over
+    all ranks; if `model` is built, root_rank's model variables and optimizer state are broadcast now.
+
+    compression: 'auto', 'fp16' or 'none'. backward_passes_per_step > 1 accumulates that many batches
+    per update (Keras 3's gradient_accumulation_steps). Other keyword arguments (prescale_factor,
+    postscale_factor, process_set) go to horovod.tensorflow.grouped_allreduce. A LossScaleOptimizer is
+    distributed as a whole (allreduce before its finiteness check); its inner optimizer stays plain."""
+    if isinstance(optimizer, _Distributed):
+        raise ValueError("optimizer is already distributed")
+    lso = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if lso and isinstance(optimizer.inner_optimizer, _Distributed):
+        raise ValueError("distribute the LossScaleOptimizer, not its inner optimizer: ranks whose gradients "
+                         "overflow would skip the inner optimizer's allreduce and the others would wait forever")
+    resolve_compression(compression)  # a bad choice fails here, not at the first step
+    inspect.signature(hvd.grouped_allreduce).bind([], **horovod_options)  # likewise an unknown option
+    reduce = {"compression": compression, "op": op, **horovod_options}
+    dist_cls = type(type(optimizer).__name__, (_Distributed, type(optimizer)), {"_hvdk8s_reduce": reduce})
+
+    if lso:
+        # Built directly rather than by from_config, which looks the inner class up by its registered
+        # name and so misses a user's own optimizer class.
+        inner = optimizer.inner_optimizer
+        inner_config = inner.get_config()
+        if backward_passes_per_step > 1:
+            inner_config["gradient_accumulation_steps"] = backward_passes_per_step
+        dist = dist_cls(type(inner).from_config(inner_config), initial_scale=optimizer.initial_scale,
+                        dynamic_growth_steps=optimizer.dynamic_growth_steps, name=optimizer.name)
+    else:
+        config = optimizer.get_config()
+        if backward_passes_per_step > 1:
+            config["gradient_accumulation_steps"] = backward_passes_per_step
+        dist = dist_cls.from_config(config)
+
+    if optimizer.built:  # e.g. state restored from a checkpoint before distributing: keep it
+        dist.build(model.trainable_variables)
+        if [tuple(v.shape) for v in dist.variables] != [tuple(v.shape) for v in optimizer.variables]:
+            raise ValueError("the optimizer was built for other variables than model.trainable_variables")
+        for mine, theirs in zip(dist.variables, optimizer.variables):
+            mine.assign(theirs)
+    if model.built:
+        broadcast_state(model, dist, root_rank)
+    return dist
 
 
-def broadcast_variables(variables: Sequence, root_rank: int = 0, prefix: str = "hvdk8s.bcast") -> None:
-    """Assign root_rank's values to `variables` (Keras 3 or tf.Variables) on every rank."""
-    for i, v in enumerate(variables):
-        value = v.value if hasattr(v, "value") else v
-        v.assign(hvd.broadcast(tf.convert_to_tensor(value), root_rank, name=f"{prefix}.{i}"))
+def broadcast_variables(variables: Sequence, root_rank: int = 0, name: str = "hvdk8s.bcast") -> None:
+    """Assign root_rank's values to `variables` (Keras 3 or tf.Variables) on every rank: one broadcast
+    per dtype, of all variables of that dtype flattened into one buffer (one collective, not hundreds)."""
+    groups: dict[str, list] = {}
+    for v in variables:
+        groups.setdefault(tf.as_dtype(v.dtype).name, []).append(v)
+    for dtype, group in groups.items():
+        values = [tf.convert_to_tensor(v.value if hasattr(v, "value") else v) for v in group]
+        flat = hvd.broadcast(tf.concat([tf.reshape(t, [-1]) for t in values], 0), root_rank,
+                             name=f"{name}.{dtype}")
+        for v, t, part in zip(group, values, tf.split(flat, [int(np.prod(t.shape)) for t in values])):
+            v.assign(tf.reshape(part, t.shape))
 
 
 def broadcast_state(model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None,
                     root_rank: int = 0) -> None:
     """Make every rank hold root_rank's model variables and optimizer state (building the optimizer's
     slots first if it has none yet, so they exist everywhere)."""
-    broadcast_variables(model.variables, root_rank, "hvdk8s.model")
+    variables = list(model.variables)
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        broadcast_variables(optimizer.variables, root_rank, "hvdk8s.optimizer")
+        variables += optimizer.variables
+    broadcast_variables(variables, root_rank, "hvdk8s.state")
 
 
 def allreduce(value, op=None, name: Optional[str] = None) -> np.ndarray:
@@ -133,6 +209,7 @@ def allreduce(value, op=None, name: Optional[str] = None) -> np.ndarray:
 
 
 def metric_average(value, name: Optional[str] = None) -> float:
+    """The mean of a scalar metric over all ranks, the same on every rank."""
     return float(allreduce(value, hvd.Average, name))
 
 
@@ -145,50 +222,76 @@ def metric_sum(value, name: Optional[str] = None) -> float:
 def _write_npz(payload: dict, path) -> None:
     arrays = {f"model/{i:05d}": a for i, a in enumerate(payload["model"])}
     arrays.update({f"optimizer/{i:05d}": a for i, a in enumerate(payload["optimizer"])})
-    with open(path, "wb") as f:
-        np.savez(f, epoch=np.int64(payload["epoch"]), **arrays)
+    with open(path, "wb") as f:  # extra as a JSON string: an npz that loads without pickle
+        np.savez(f, epoch=np.int64(payload["epoch"]), extra=np.array(json.dumps(payload["extra"])), **arrays)
 
 
 def _read_npz(path) -> dict:
     with np.load(path) as z:
         keys = sorted(z.files)
         return {"epoch": int(z["epoch"]),
+                "extra": json.loads(str(z["extra"])) if "extra" in z.files else {},
                 "model": [z[k] for k in keys if k.startswith("model/")],
                 "optimizer": [z[k] for k in keys if k.startswith("optimizer/")]}
 
 
+def _mismatch(what: str, here: Sequence, saved: Sequence) -> Optional[str]:
+    """Why arrays `saved` cannot be loaded into variables `here` (None if they can)."""
+    if len(here) != len(saved):
+        return f"{len(saved)} {what} arrays, this {what} has {len(here)}"
+    for i, (v, a) in enumerate(zip(here, saved)):
+        if tuple(v.shape) != tuple(a.shape):
+            return f"{what} array {i} has shape {tuple(a.shape)}, this {what} {tuple(v.shape)}"
+    return None
+
+
 def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                    keep: int = 3):
-    """Rank 0 writes the model's and optimizer's variables for `epoch` atomically. Path on rank 0."""
+                    extra: Optional[dict] = None, keep: int = 3):
+    """Rank 0 writes model, optimizer state and `extra` (a JSON-able dict) for `epoch` atomically; other
+    ranks do nothing. Returns the path on rank 0, None elsewhere."""
     from hvdk8s import checkpoint
 
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict, got {type(extra).__name__} (keep is a keyword argument)")
     if hvd.rank() != 0:
         return None
-    payload = {"epoch": epoch, "model": [np.asarray(v) for v in model.get_weights()],
+    if not optimizer.built:  # save the slots' layout a resume expects
+        optimizer.build(model.trainable_variables)
+    payload = {"epoch": epoch, "extra": extra or {}, "model": [np.asarray(w) for w in model.get_weights()],
                "optimizer": [np.asarray(v) for v in optimizer.variables]}
     return checkpoint.save(directory, epoch, payload, _write_npz, keep)
 
 
 def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None,
                     root_rank: int = 0) -> tuple[int, dict]:
-    """Resume from the newest valid checkpoint, read by root_rank and broadcast to all ranks.
-    Returns (epoch, {"path": file}) or (0, {}) when there is none."""
+    """Resume from the newest valid checkpoint in `directory`, read by root_rank and broadcast (the
+    directory need not be shared between nodes). Returns (epoch, extra) with extra["path"] the file read;
+    (0, {}) when there is none. A file whose arrays do not fit this model's (and optimizer's) variables
+    is skipped with a message on stderr."""
     from hvdk8s import checkpoint
+
+    if optimizer is not None and not optimizer.built:  # its slots must exist to take the saved state
+        optimizer.build(model.trainable_variables)
+
+    def fits(payload: dict) -> bool:
+        why = _mismatch("model", model.weights, payload["model"])
+        if why is None and optimizer is not None:
+            why = _mismatch("optimizer", optimizer.variables, payload["optimizer"])
+        if why:
+            print(f"hvdk8s: {why}", file=sys.stderr)
+        return why is None
 
     found = None
     if hvd.rank() == root_rank:
-        n_weights = len(model.get_weights())
-        found = checkpoint.load_latest(directory, _read_npz, valid=lambda d: len(d["model"]) == n_weights)
+        found = checkpoint.load_latest(directory, _read_npz, valid=fits)
     epoch, extra = 0, {}
     if found is not None:
         epoch, path, payload = found
         model.set_weights(payload["model"])
         if optimizer is not None:
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
             for var, value in zip(optimizer.variables, payload["optimizer"]):
                 var.assign(value)
-        extra = {"path": str(path)}
+        extra = {**payload["extra"], "path": str(path)}
     epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
     broadcast_state(model, optimizer, root_rank)
     return epoch, extra
@@ -197,7 +300,8 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
 # --- Keras callbacks (what Horovod's Keras callbacks do, on Keras 3) -------------------------------
 
 class BroadcastInitialState(keras.callbacks.Callback):
-    """At the start of training, give every rank root_rank's model variables and optimizer state."""
+    """At the start of training, give every rank root_rank's model variables and optimizer state
+    (needed when the model was not yet built at `distribute`)."""
 
     def __init__(self, root_rank: int = 0):
         super().__init__()
@@ -238,8 +342,6 @@ class LearningRateWarmup(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        from hvdk8s.train import warmup_lr
-
         step = self.epoch * self.steps_per_epoch + batch
         if step <= self.warmup_steps:
             self.model.optimizer.learning_rate.assign(
@@ -247,16 +349,20 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """Rank 0 saves model and optimizer every `interval_epochs` epochs (1-based epoch numbers)."""
+    """Rank 0 saves model and optimizer every `interval_epochs` epochs (1-based epoch numbers).
+    `extra`: a JSON-able dict stored with each checkpoint, or a function of the epoch returning one."""
 
-    def __init__(self, directory: str, interval_epochs: int = 1, keep: int = 3, on_saved=None):
+    def __init__(self, directory: str, interval_epochs: int = 1, keep: int = 3, on_saved=None,
+                 extra: Union[dict, Callable[[int], dict], None] = None):
         super().__init__()
         self.directory, self.interval, self.keep = directory, interval_epochs, keep
-        self.on_saved = on_saved
+        self.on_saved, self.extra = on_saved, extra
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.interval == 0:
-            path = save_checkpoint(self.directory, epoch + 1, self.model, self.model.optimizer, self.keep)
+            extra = self.extra(epoch + 1) if callable(self.extra) else self.extra
+            path = save_checkpoint(self.directory, epoch + 1, self.model, self.model.optimizer, extra,
+                                   keep=self.keep)
             if path is not None and self.on_saved:
                 self.on_saved(epoch + 1, path)
 
@@ -266,14 +372,5 @@ def callbacks(root_rank: int = 0) -> list:
     return [BroadcastInitialState(root_rank), MetricAverage()]
 
 
-def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_step: int = 1) -> float:
-    from hvdk8s.train import lr_scale
-
-    return base * lr_scale(rule, hvd.size(), backward_passes_per_step)
-
-
-__all__ = ["init", "distribute", "allreduce_gradients", "broadcast_state", "broadcast_variables",
-           "metric_average", "metric_sum", "allreduce", "save_checkpoint", "load_checkpoint", "callbacks",
-           "BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "Checkpoint", "log", "verbose",
-           "rank", "size", "local_rank", "local_size", "cross_size", "resolve_compression",
-           "scaled_learning_rate"]
+__all__ = [*CONTRACT, "set_precision", "verbose", "callbacks", "allreduce_gradients", "broadcast_variables",
+           "BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "Checkpoint"]

@@ -5,26 +5,37 @@
     model, optimizer = build()                  # as usual
     optimizer = ht.distribute(model, optimizer) # rank 0's state everywhere; averaged (fp16-compressed
                                                 # where that pays) gradients
-    ...
+    scaler = ht.grad_scaler(precision)          # fp16 only; None for fp32/bf16
+    for x, y in loader:
+        optimizer.zero_grad()
+        with ht.autocast(precision):            # "fp32" | "bf16" | "fp16"
+            loss = loss_fn(model(x), y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        ht.step(optimizer, scaler=scaler, clip_grad_norm=1.0)
     acc = ht.metric_average(local_acc)          # same value on every rank
     ht.log("epoch", epoch, acc)                 # printed by rank 0 only
 
 A thin layer over `horovod.torch`: everything Horovod's DistributedOptimizer takes is passed through.
+The verbs in hvdk8s._adapter.CONTRACT have the same parameters as in `hvdk8s.tensorflow`.
 """
 from __future__ import annotations
 
-import os
+import contextlib
 from typing import Any, Optional
 
 import horovod.torch as hvd
 import torch
 
-from hvdk8s import compression as _compression
+from hvdk8s import _adapter, precision as _precision
+from hvdk8s._adapter import CONTRACT
 
 rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_size
 Average, Sum = hvd.Average, hvd.Sum
 
 _COMPRESSORS = {"fp16": hvd.Compression.fp16, "none": hvd.Compression.none}
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+__all__ = [*CONTRACT, "device", "autocast", "grad_scaler", "step"]
 
 
 def init(threads_per_rank: Optional[int] = None) -> None:
@@ -36,8 +47,7 @@ def init(threads_per_rank: Optional[int] = None) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
         return
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // hvd.local_size())
-    torch.set_num_threads(threads)
+    torch.set_num_threads(_adapter.cpu_threads(threads_per_rank, hvd.local_size()))
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set, or parallel work already ran in this process
@@ -50,8 +60,7 @@ def is_rank0() -> bool:
 
 def log(*args: Any, **kwargs: Any) -> None:
     """print() on rank 0 only, flushed at once (ranks' output is interleaved by the launcher)."""
-    if hvd.rank() == 0:
-        print(*args, **kwargs, flush=True)
+    _adapter.rank0_print(hvd.rank(), *args, **kwargs)
 
 
 def device() -> torch.device:
@@ -60,7 +69,12 @@ def device() -> torch.device:
 
 def resolve_compression(choice: str = "auto") -> str:
     """'fp16' or 'none': `auto` is fp16 only for GPU jobs that span more than one node."""
-    return _compression.resolve(choice, on_gpu=torch.cuda.is_available(), nodes=hvd.cross_size())
+    return _adapter.resolve_compression(choice, on_gpu=torch.cuda.is_available(), nodes=hvd.cross_size())
+
+
+def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_step: int = 1) -> float:
+    """`base` (the rate for one rank) grown with the global batch: ranks x backward_passes_per_step."""
+    return _adapter.scaled_learning_rate(base, rule, hvd.size(), backward_passes_per_step)
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
@@ -84,8 +98,10 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
                **horovod_options: Any) -> hvd.DistributedOptimizer:
     """Broadcast root_rank's state to all ranks and wrap `optimizer` so gradients are averaged.
 
-    compression: 'auto' (default), 'fp16' or 'none'. Other keyword arguments (gradient_predivide_factor,
-    sparse_as_dense, groups, num_groups, process_set) go to horovod.torch.DistributedOptimizer."""
+    compression: 'auto' (default), 'fp16' or 'none'. backward_passes_per_step > 1 sums that many
+    backward passes locally before one allreduce (scale each pass's loss by 1/passes for a mean).
+    Other keyword arguments (gradient_predivide_factor, sparse_as_dense, groups, num_groups,
+    process_set) go to horovod.torch.DistributedOptimizer."""
     wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=_COMPRESSORS[resolve_compression(compression)],
@@ -97,6 +113,67 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
     broadcast_state(model, wrapped, root_rank)
     return wrapped
 
+
+# --- mixed precision and clipping ----------------------------------------------------------------
+
+def _check_precision(precision: str) -> None:
+    if precision not in _precision.CHOICES:
+        raise ValueError(f"precision must be one of {', '.join(_precision.CHOICES)}, got {precision!r}")
+
+
+def autocast(precision: str) -> contextlib.AbstractContextManager:
+    """A context for the forward pass and loss: torch.autocast on this rank's device in bfloat16
+    ("bf16") or float16 ("fp16"); nothing for "fp32". Parameters and gradients stay float32."""
+    _check_precision(precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device().type, dtype=_AUTOCAST_DTYPES[precision])
+
+
+def grad_scaler(precision: str) -> Optional[torch.amp.GradScaler]:
+    """A loss scaler for "fp16" (whose small gradients would underflow), on this rank's device type;
+    None for "fp32" and "bf16" (bfloat16 has float32's range)."""
+    _check_precision(precision)
+    return torch.amp.GradScaler(device().type) if precision == "fp16" else None
+
+
+def step(optimizer: torch.optim.Optimizer, *, scaler: Optional[torch.amp.GradScaler] = None,
+         clip_grad_norm: Optional[float] = None) -> bool:
+    """Finish one optimizer step after backward(); True if the parameters were updated.
+
+    Unscaling and clipping must see the averaged gradients (so every rank clips by the same global
+    norm and agrees on inf/nan), hence: wait for Horovod's allreduce, unscale, clip, then step without
+    a second synchronization. With fp16, a step whose averaged gradients hold inf/nan is skipped on
+    every rank (False) and the scale is lowered.
+
+    Call it once per optimizer step: with backward_passes_per_step=k, after the k-th backward pass,
+    not after each (an earlier call would allreduce a partial sum). `optimizer` may also be a plain
+    torch optimizer (one process, no Horovod)."""
+    if scaler is None and clip_grad_norm is None:
+        optimizer.step()  # Horovod's step() synchronizes by itself
+        return True
+    synchronize = getattr(optimizer, "synchronize", None)
+    if synchronize is not None:
+        synchronize()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if clip_grad_norm is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+    no_sync = optimizer.skip_synchronize() if synchronize is not None else contextlib.nullcontext()
+    with no_sync:
+        if scaler is None:
+            optimizer.step()
+            return True
+        scale = scaler.get_scale()
+        scaler.step(optimizer)  # skips optimizer.step() if unscale_ found inf/nan
+    scaler.update()
+    # update() lowers the scale exactly when it found inf/nan (its backoff_factor < 1), so this tells
+    # whether the step was skipped without reaching into GradScaler's private state.
+    return scaler.get_scale() >= scale
+
+
+# --- collectives ---------------------------------------------------------------------------------
 
 def allreduce(value, op=None, name: Optional[str] = None) -> torch.Tensor:
     """Allreduce a number or tensor (float64 for numbers, so sums of counts stay exact)."""
@@ -113,10 +190,12 @@ def metric_sum(value, name: Optional[str] = None) -> float:
     return float(allreduce(value, hvd.Sum, name))
 
 
+# --- checkpoints ---------------------------------------------------------------------------------
+
 def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     extra: Optional[dict] = None, keep: int = 3):
-    """Rank 0 writes model, optimizer and `extra` for `epoch` atomically; other ranks do nothing.
-    Returns the path on rank 0, None elsewhere."""
+    """Rank 0 writes model, optimizer and `extra` for `epoch` atomically and keeps the `keep` newest;
+    other ranks do nothing. Returns the path on rank 0, None elsewhere."""
     from hvdk8s import checkpoint
 
     if hvd.rank() != 0:
@@ -126,24 +205,47 @@ def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimize
     return checkpoint.save(directory, epoch, payload, lambda obj, path: torch.save(obj, path), keep)
 
 
+def _restorer(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]):
+    """A `valid` callback for checkpoint.load_latest that loads a payload into model and optimizer if it
+    fits them, and returns False (leaving both untouched) for a checkpoint of another model."""
+
+    def restore(payload) -> bool:
+        if not (isinstance(payload, dict) and {"epoch", "model", "optimizer"} <= payload.keys()):
+            return False
+        here, saved = model.state_dict(), payload["model"]
+        # Checked before loading: load_state_dict copies what fits before it raises for what does not.
+        if saved.keys() != here.keys() or any(getattr(saved[k], "shape", None) != getattr(v, "shape", None)
+                                              for k, v in here.items()):
+            return False
+        if optimizer is not None:
+            try:  # validates the param groups before changing anything
+                optimizer.load_state_dict(payload["optimizer"])
+            except (ValueError, KeyError, TypeError, RuntimeError):
+                return False
+        model.load_state_dict(saved)
+        return True
+
+    return restore
+
+
 def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                     root_rank: int = 0) -> tuple[int, dict]:
-    """Resume from the newest valid checkpoint in `directory`, read by root_rank and broadcast (the
-    directory need not be shared between nodes). Returns (epoch, extra) with extra["path"] the file read;
-    (0, {}) when there is none.
-    Call before `distribute` (which broadcasts the restored state) or call broadcast_state yourself."""
+    """Resume from the newest checkpoint in `directory` that fits `model` (and `optimizer`), read by
+    root_rank and broadcast (the directory need not be shared between nodes). Checkpoints that do not
+    load or fit are skipped with a line on stderr. Returns (epoch, extra) with extra["path"] the file
+    read; (0, {}) when there is none. Works before or after `distribute`."""
     from hvdk8s import checkpoint
 
     found = None
     if hvd.rank() == root_rank:
         found = checkpoint.load_latest(
             directory, lambda p: torch.load(p, map_location="cpu", weights_only=True),
-            valid=lambda d: isinstance(d, dict) and {"epoch", "model", "optimizer"} <= d.keys())
+            valid=_restorer(model, optimizer))
     epoch, extra = 0, {}
     if found is not None:
         epoch, path, payload = found
-        model.load_state_dict(payload["model"])
-        if optimizer is not None:
-            optimizer.load_state_dict(payload["optimizer"])
         extra = {**payload.get("extra", {}), "path": str(path)}
-    return hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
+    epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
+    if epoch:
+        broadcast_state(model, optimizer, root_rank)
+    return epoch, extra

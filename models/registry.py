@@ -11,11 +11,13 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from hvdk8s.strict import StrictModel
 
 
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Args(StrictModel):
+    """A model's own arguments (a type of its own, so isinstance checks mean exactly that)."""
 
 
 class MLPArgs(_Args):

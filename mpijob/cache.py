@@ -47,7 +47,7 @@ def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, 
 
     The kubelet creates a missing hostPath owned by root; the first container hands it to the
     non-root MPI user with CAP_CHOWN alone (not privileged), the second syncs the dataset as that user."""
-    if spec.dataset.path is None or not spec.dataset.cached:
+    if spec.cached_dataset is None:
         return []
     k8s = spec.kubernetes
     image = {"image": spec.image, "imagePullPolicy": k8s.image_pull_policy}
@@ -71,7 +71,7 @@ def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, 
 def warm_daemonset(spec: JobSpec, pod_placement: dict[str, Any]) -> dict[str, Any]:
     """A DaemonSet whose pods fill the cache on every node the job's workers may use, then idle.
     `kubectl rollout status daemonset/<name>` returns once every node is warm; delete it after."""
-    if spec.dataset.path is None or not spec.dataset.cached:
+    if spec.cached_dataset is None:
         raise ValueError("dataset: nothing to warm: only `path` datasets that are cached (s3://, http(s)://, "
                          "or `cache: true`) use the node-local cache")
     name = f"{spec.name}-cache-warm"

@@ -10,15 +10,16 @@ the worker pods' environment: every variable they need is set on the launcher an
 """
 from __future__ import annotations
 
-import math
 import os
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
-from hvdk8s.spec import JobSpec, dump_job
+from hvdk8s.atomic import atomic_write
+from hvdk8s.entrypoint import cluster_argv
+from hvdk8s.quantity import parse_quantity
+from hvdk8s.spec import JOB_ENV, JobSpec, dump_job
 
 from . import cache, network
 from .topology import Topology, plan
@@ -35,15 +36,19 @@ LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
 FILES = ("configmap.yaml", "mpijob.yaml")
 
 
-def render(spec: JobSpec) -> list[dict[str, Any]]:
-    """The objects to apply, in apply order: the job-file ConfigMap, then the MPIJob."""
-    return [job_configmap(spec), mpijob(spec)]
+def render(spec: JobSpec, files: Mapping[str, str] = {}) -> list[dict[str, Any]]:
+    """The objects to apply, in apply order: the job-file ConfigMap, then the MPIJob. `files` are
+    carried in the ConfigMap beside the job (the entrypoint script: `hvdk8s.entrypoint.carried_files`)."""
+    return [job_configmap(spec, files), mpijob(spec)]
 
 
-def job_configmap(spec: JobSpec) -> dict[str, Any]:
+def job_configmap(spec: JobSpec, files: Mapping[str, str] = {}) -> dict[str, Any]:
+    e = spec.entrypoint
+    if e is not None and e.carried and e.script_name not in files:
+        raise ValueError(f"entrypoint.script: the text of {e.script_name} is needed to carry it in the ConfigMap")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _metadata(spec, f"{spec.name}-job"),
-            "data": {"job.yaml": dump_job(spec)}}
+            "data": {"job.yaml": dump_job(spec), **dict(sorted(files.items()))}}
 
 
 def mpijob(spec: JobSpec) -> dict[str, Any]:
@@ -84,14 +89,15 @@ def run_policy(spec: JobSpec) -> dict[str, Any]:
 
 def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
     """Plain environment of every rank (secret-backed variables are added by reference elsewhere)."""
-    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text"}
+    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text", JOB_ENV: JOB_FILE}
     if topo.gpus_per_worker:
         env.update(network.nccl_env(spec.resources.rdma, topo))
     else:
-        env["OMP_NUM_THREADS"] = str(max(1, math.floor(_cpu_cores(spec.resources.cpu) / topo.slots_per_worker)))
+        # Whole cores per rank, in exact decimal arithmetic (a float is off for quantities like .1Ei).
+        env["OMP_NUM_THREADS"] = str(max(1, int(parse_quantity(spec.resources.cpu) // topo.slots_per_worker)))
     if topo.hierarchical_allreduce:
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
-    if spec.dataset.path is not None and spec.dataset.cached:
+    if spec.cached_dataset is not None:
         env["HVDK8S_CACHE_DIR"] = spec.kubernetes.cache_dir  # where the init container synced the dataset
     env.update(spec.kubernetes.env)
     return env
@@ -103,6 +109,8 @@ def launcher_command(spec: JobSpec, topo: Topology) -> list[str]:
            "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
     for name in forwarded:
         cmd += ["-x", name]
+    if spec.entrypoint is not None:
+        return cmd + cluster_argv(spec, JOB_DIR)
     return cmd + ["hvdk8s", "train", JOB_FILE]
 
 
@@ -217,10 +225,6 @@ def _metadata(spec: JobSpec, name: str) -> dict[str, Any]:
             "labels": {"app.kubernetes.io/managed-by": "hvdk8s", LABEL_JOB: spec.name}}
 
 
-def _cpu_cores(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-
-
 def kustomization(spec: JobSpec) -> dict[str, Any]:
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             "namespace": spec.kubernetes.namespace, "resources": list(FILES)}
@@ -248,19 +252,14 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
                         for o in objects)
 
 
-def write_directory(spec: JobSpec, directory: str | os.PathLike) -> list[Path]:
+def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[str, str] = {}) -> list[Path]:
     """Write configmap.yaml, mpijob.yaml and kustomization.yaml. Each file appears whole (written
     under a temporary name, then renamed), and nothing is written unless all of them render."""
-    configmap, job = render(spec)
+    configmap, job = render(spec, files)
     contents = {"configmap.yaml": to_yaml([configmap]), "mpijob.yaml": to_yaml([job]),
                 "kustomization.yaml": to_yaml([kustomization(spec)])}
-    out = Path(directory)
+    out = Path(directory)  # everything is rendered above, before the first byte is written
     out.mkdir(parents=True, exist_ok=True)
-    written = []
     for name, text in contents.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
-        written.append(out / name)
-    return written
+        atomic_write(out / name, text)  # 0644: GitOps tools and reviewers read these files
+    return [out / name for name in contents]

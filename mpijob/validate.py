@@ -23,14 +23,15 @@ from typing import Any, Iterable, Union
 
 import yaml
 
+from hvdk8s import quantity
+
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
 CRD_NAME = "mpijobs.kubeflow.org"
 # Newest Kubernetes whose Pod schema is used; an older kubernetes-validate falls back to its newest one.
 K8S_VERSION = "1.37"
 
-_NUMBER = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)"
-QUANTITY_PATTERN = rf"^[+-]?{_NUMBER}([KMGTPE]i|[numkMGTPE]|[eE][+-]?{_NUMBER})?$"
+QUANTITY_PATTERN = quantity.PATTERN  # the one grammar, also as the built-in schema's pattern
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
@@ -334,9 +335,11 @@ def validate_pod_template(template: Any, path: str, k8s_version: str = K8S_VERSI
         for kind in ("limits", "requests"):
             amounts = resources.get(kind) if isinstance(resources, dict) else None
             for name, amount in (amounts.items() if isinstance(amounts, dict) else ()):
-                if isinstance(amount, str) and not re.search(QUANTITY_PATTERN, amount):
-                    problems.append(Problem(_child(where, f"resources.{kind}.{name}"),
-                                            f"{amount!r} is not a valid quantity (e.g. 500m, 4Gi, 2)"))
+                try:
+                    if isinstance(amount, str):
+                        quantity.parse_quantity(amount)
+                except ValueError as e:
+                    problems.append(Problem(_child(where, f"resources.{kind}.{name}"), str(e)))
     return problems
 
 

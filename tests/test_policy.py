@@ -3,7 +3,7 @@ import pytest
 
 from hvdk8s.compression import resolve
 from hvdk8s.launch import local
-from hvdk8s.train import lr_scale, warmup_lr
+from hvdk8s.schedule import lr_scale, warmup_lr
 
 
 @pytest.mark.parametrize("on_gpu,nodes,expected", [

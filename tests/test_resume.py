@@ -7,7 +7,7 @@ import torch
 
 from conftest import cli
 from hvdk8s import checkpoint
-from hvdk8s.train import parameter_digest
+from hvdk8s.trainer.job import parameter_digest
 
 pytestmark = pytest.mark.ranks
 

@@ -1,4 +1,9 @@
-"""`hvdk8s launch --local`: N ranks of `hvdk8s train` on this machine through horovodrun.
+"""`hvdk8s launch --local`: N ranks of `hvdk8s train` (or the job's own entrypoint) on this machine
+through horovodrun.
+
+The ranks get the job one way, as on a cluster: the validated job with every default filled in, in a
+file that JOB_ENV names (a cluster mounts the same text from the job's ConfigMap), never the user's
+file re-read and `--set` re-applied by each rank.
 
 The controller defaults to MPI: on 2 CPU ranks Gloo took 1.64x as long per step
 (bench/allreduce_defaults.py; about 1.5x in earlier measurements by hand). Rank 0's events are drawn as progress; other output passes through.
@@ -9,17 +14,23 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdk8s import events
+from hvdk8s.errors import UserError
+from hvdk8s.spec import JOB_ENV
 
 CONTROLLERS = ("mpi", "gloo")
 DEFAULT_CONTROLLER = "mpi"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError):
     """The ranks could not be started (missing tool, bad arguments)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
 
 
 def horovodrun() -> str:
@@ -40,14 +51,24 @@ def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLE
     return [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *program]
 
 
-def train_program(job_path: str, overrides: Sequence[str] = (), train_args: Sequence[str] = ()) -> list[str]:
-    """argv of one rank of `hvdk8s train` for a job file."""
-    return [sys.executable, "-m", "hvdk8s", "train", str(job_path), *[f"--set={o}" for o in overrides], *train_args]
+def rank_program(spec, job_file: Path, job_dir: Path, source: str, resume: bool = True) -> list[str]:
+    """argv of one rank: `hvdk8s train` over the written job, or the job's own entrypoint."""
+    if spec.entrypoint is not None:
+        from hvdk8s.entrypoint import local_argv
+
+        return local_argv(spec, job_dir, source)
+    return [sys.executable, "-m", "hvdk8s", "train", str(job_file), *([] if resume else ["--no-resume"])]
 
 
-def environment(np: int, base: Optional[dict] = None) -> dict[str, str]:
-    """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON."""
+def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] = None,
+                job_dir: Optional[Path] = None) -> dict[str, str]:
+    """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON, the
+    job file, and the job file's folder importable (for `factory` paths and scripts' own modules)."""
     env = dict(os.environ if base is None else base)
+    if job_file is not None:
+        env[JOB_ENV] = str(job_file)
+    if job_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(job_dir).resolve()), env.get("PYTHONPATH")) if p)
     cores = os.cpu_count() or 1
     env.update({
         "OMP_NUM_THREADS": str(max(1, cores // np)),
@@ -64,25 +85,35 @@ def environment(np: int, base: Optional[dict] = None) -> dict[str, str]:
 
 def prepare_dataset(spec) -> None:
     """Sync a cached dataset into this machine's cache before the ranks start (once; reused later)."""
-    if spec.dataset.path is None or not spec.dataset.cached:
+    dataset = spec.cached_dataset
+    if dataset is None:
         return
     from hvdk8s.data import cache
     from hvdk8s.data.datasets import cache_root, storage_options
 
-    cache.sync(spec.dataset.path, cache_root(), version=spec.dataset.version,
-               storage_options=storage_options(spec.dataset), progress=True)
+    cache.sync(dataset.path, cache_root(), version=dataset.version, storage_options=storage_options(dataset),
+               progress=True)
 
 
-def run(job_path: str, np: int, controller: str = DEFAULT_CONTROLLER, overrides: Sequence[str] = (),
-        train_args: Sequence[str] = (), console=None) -> int:
-    """Start the ranks, draw rank 0's progress, and return their exit status."""
+def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
+        console=None) -> int:
+    """Start the ranks on the validated `spec` (from the job file `source` in `job_dir`), draw rank 0's
+    progress, and return their exit status."""
     from rich.console import Console
 
+    from hvdk8s.spec import dump_job
+
     console = console or Console()
-    cmd = command(train_program(job_path, overrides, train_args), np, controller)
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-job-") as tmp:
+        job_file = Path(tmp) / "job.yaml"
+        job_file.write_text(dump_job(spec), encoding="utf-8")
+        cmd = command(rank_program(spec, job_file, job_dir, source, resume), np, controller)
+        return _follow(cmd, environment(np, job_file=job_file, job_dir=job_dir), console)
+
+
+def _follow(cmd: list[str], env: dict[str, str], console) -> int:
     view = _ProgressView(console)
-    proc = subprocess.Popen(cmd, env=environment(np), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -1,8 +1,11 @@
 """Runs on 2 real Horovod ranks; writes what it observed to OUT/rank<r>.json for the test to check.
 
 Covers: allreduce average and sum, broadcast, metric averaging, broadcast of parameters and optimizer
-state from rank 0, data-parallel equivalence (fp32 and fp16), and rank-sharded loading."""
+state from rank 0, data-parallel equivalence (fp32 and fp16 compression), clipping and mixed precision
+through ht.step/ht.autocast/ht.grad_scaler, learning-rate scaling, resuming past checkpoints of other
+models, and rank-sharded loading."""
 import copy
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -14,7 +17,6 @@ import hvdk8s.torch as ht
 from hvdk8s.data.shards import ShardedDataset
 from hvdk8s.data.torch import ShardedLoader
 from hvdk8s.models import build
-from hvdk8s.train import parameter_digest
 
 out_dir, shard_dir = Path(sys.argv[1]), Path(sys.argv[2])
 ht.init()
@@ -28,6 +30,16 @@ res["allreduce_sum"] = ht.allreduce(t, ht.Sum).tolist()
 res["metric_average"] = ht.metric_average(float(rank + 1))
 b = torch.full((3,), float(rank + 7))
 res["broadcast"] = ht.hvd.broadcast(b, root_rank=0).tolist()
+
+
+
+def parameter_digest(tensors):
+    """A hash of named tensors, to compare models across ranks."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode() + tensors[name].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
 
 # --- broadcast of parameters and optimizer state -------------------------------------------------
 torch.manual_seed(100 + rank)  # every rank starts different
@@ -100,6 +112,158 @@ res["equivalence"] = {
     "mlp_fp16": equivalence(*mlp, "fp16", steps=1),
     "transformer_fp32": equivalence(*lm, "none", steps=2),
 }
+
+# --- ht.step: clipping and mixed precision ---------------------------------------------------------
+mlp_args = ("mlp", "pytorch", {"hidden": [32, 32]})
+mlp_kw = {"input_shape": [1, 8, 8], "num_classes": 10}
+
+
+def max_diff(a, b):
+    return max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def clipped_fp32(clip, passes, steps=3):
+    """2 ranks x `passes` backward passes of a part of the batch each, through ht.step with clipping,
+    against one process on the whole batch clipped by torch directly (and one not clipped at all)."""
+    torch.manual_seed(0)
+    model = build(*mlp_args, **mlp_kw)
+    reference, unclipped = copy.deepcopy(model), copy.deepcopy(model)
+    dopt = ht.distribute(model, sgd(model.parameters()), compression="none", backward_passes_per_step=passes)
+    ropt, uopt = sgd(reference.parameters()), sgd(unclipped.parameters())
+    norms, applied = [], []
+    for s in range(steps):
+        x, y = images[s], labels[s]
+        part = len(x) // (size * passes)
+        for k in range(passes):  # each pass's mean loss / passes: the passes sum to this rank's mean
+            lo = (rank * passes + k) * part
+            (F.cross_entropy(model(x[lo:lo + part]), y[lo:lo + part]) / passes).backward()
+        applied.append(ht.step(dopt, clip_grad_norm=clip))
+        dopt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(reference.parameters(), clip)))
+        ropt.step()
+        ropt.zero_grad()
+        F.cross_entropy(unclipped(x), y).backward()
+        uopt.step()
+        uopt.zero_grad()
+    return {"max_abs_diff": max_diff(model, reference), "clipping_effect": max_diff(reference, unclipped),
+            "norms_before_clip": norms, "clip": clip, "applied": applied,
+            "digest": parameter_digest(model.state_dict())}
+
+
+def fp16_amp(clip, steps=4):
+    """autocast fp16 + GradScaler + clipping on half batches, against fp32 on the whole batch and against
+    one process doing fp16 AMP on the whole batch by hand; then one step whose loss overflows on rank 1
+    only."""
+    torch.manual_seed(0)
+    model = build(*mlp_args, **mlp_kw)
+    initial, reference, amp_reference = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
+    dopt = ht.distribute(model, sgd(model.parameters()), compression="none")
+    ropt, aopt = sgd(reference.parameters()), sgd(amp_reference.parameters())
+    scaler, amp_scaler = ht.grad_scaler("fp16"), torch.amp.GradScaler("cpu")
+    half = 64 // size
+    applied = []
+    for s in range(steps):
+        x, y = images[s % 3], labels[s % 3]
+        with ht.autocast("fp16"):
+            out = model(x[rank * half:(rank + 1) * half])
+            loss = F.cross_entropy(out, y[rank * half:(rank + 1) * half])
+        scaler.scale(loss).backward()
+        applied.append(ht.step(dopt, scaler=scaler, clip_grad_norm=clip))
+        dopt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), clip)
+        ropt.step()
+        ropt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            amp_loss = F.cross_entropy(amp_reference(x), y)
+        amp_scaler.scale(amp_loss).backward()
+        amp_scaler.unscale_(aopt)
+        torch.nn.utils.clip_grad_norm_(amp_reference.parameters(), clip)
+        amp_scaler.step(aopt)
+        amp_scaler.update()
+        aopt.zero_grad()
+    res = {"forward_dtype": str(out.dtype), "enabled": scaler.is_enabled(), "applied": applied,
+           "scale": scaler.get_scale(), "finite": all(bool(p.isfinite().all()) for p in model.parameters()),
+           "digest": parameter_digest(model.state_dict()),
+           "max_abs_diff": max_diff(model, reference), "max_update": max_diff(reference, initial),
+           "max_abs_diff_amp_reference": max_diff(model, amp_reference)}
+    # A loss too large for fp16 gradients on rank 1 alone: the average holds inf/nan on both ranks.
+    before = parameter_digest(model.state_dict())
+    x, y = images[0], labels[0]
+    with ht.autocast("fp16"):
+        loss = F.cross_entropy(model(x[rank * half:(rank + 1) * half]), y[rank * half:(rank + 1) * half])
+    scaler.scale(loss * (1e30 if rank == 1 else 1.0)).backward()
+    res["overflow"] = {"scale_before": scaler.get_scale(), "applied": ht.step(dopt, scaler=scaler, clip_grad_norm=clip),
+                       "scale_after": scaler.get_scale(),
+                       "unchanged": parameter_digest(model.state_dict()) == before}
+    dopt.zero_grad()
+    return res
+
+
+def bf16_amp():
+    torch.manual_seed(0)
+    model = build(*mlp_args, **mlp_kw)
+    dopt = ht.distribute(model, sgd(model.parameters()), compression="none")
+    half = 64 // size
+    with ht.autocast("bf16"):
+        out = model(images[0][rank * half:(rank + 1) * half])
+        loss = F.cross_entropy(out, labels[0][rank * half:(rank + 1) * half])
+    before = parameter_digest(model.state_dict())
+    loss.backward()
+    applied = ht.step(dopt, scaler=ht.grad_scaler("bf16"))  # None: bf16 needs no loss scaling
+    after = parameter_digest(model.state_dict())
+    with ht.autocast("fp32"):
+        fp32_dtype = str(model(images[0][:2]).dtype)
+    try:
+        ht.autocast("fp8")
+        bad = None
+    except ValueError as e:
+        bad = str(e)
+    return {"forward_dtype": str(out.dtype), "applied": applied, "changed": after != before, "digest": after,
+            "scaler": ht.grad_scaler("bf16"), "fp32_forward_dtype": fp32_dtype, "bad_precision": bad}
+
+
+res["step"] = {
+    "clip_fp32": clipped_fp32(clip=0.05, passes=1),
+    "clip_fp32_accumulated": clipped_fp32(clip=0.05, passes=2),
+    "fp16": fp16_amp(clip=0.05),
+    "bf16": bf16_amp(),
+}
+res["scaled_lr"] = [ht.scaled_learning_rate(0.1), ht.scaled_learning_rate(0.1, "sqrt"),
+                    ht.scaled_learning_rate(0.1, backward_passes_per_step=2), ht.scaled_learning_rate(0.1, "none")]
+
+# --- resume skips checkpoints of other models ----------------------------------------------------
+ckpt = out_dir / "ckpt"
+
+
+def trained(hidden, seed, groups=1):
+    """An mlp after one SGD step (so momentum state exists); the same on every rank."""
+    torch.manual_seed(seed)
+    m = build("mlp", "pytorch", {"hidden": hidden}, **mlp_kw)
+    params = list(m.parameters())
+    opt = sgd(params if groups == 1 else [{"params": params[:1]}, {"params": params[1:]}])
+    F.cross_entropy(m(images[0]), labels[0]).backward()
+    opt.step()
+    opt.zero_grad()
+    return m, opt
+
+
+mine, mine_opt = trained([16], seed=3)
+ht.save_checkpoint(ckpt, 1, mine, mine_opt, extra={"note": "mine"})
+ht.save_checkpoint(ckpt, 2, *trained([24], seed=3))  # another model: other shapes
+ht.save_checkpoint(ckpt, 3, *trained([16], seed=5, groups=2))  # same shapes, optimizer does not fit
+torch.manual_seed(10 + rank)
+fresh = build("mlp", "pytorch", {"hidden": [16]}, **mlp_kw)
+fresh_opt = sgd(fresh.parameters())
+epoch, extra = ht.load_checkpoint(ckpt, fresh, fresh_opt)
+res["resume"] = {"epoch": epoch, "file": Path(extra["path"]).name, "note": extra.get("note"),
+                 "model_restored": parameter_digest(fresh.state_dict()) == parameter_digest(mine.state_dict()),
+                 "optimizer_restored": optimizer_digest(fresh_opt) == optimizer_digest(mine_opt)}
 
 # --- rank-sharded loading -------------------------------------------------------------------------
 ds = ShardedDataset(shard_dir)

@@ -1,0 +1,38 @@
+"""What `hvdk8s.torch` and `hvdk8s.tensorflow` share: the contract both honour (same verb names, same
+parameters, same meaning) and the framework-free parts of those verbs.
+
+Each adapter imports this module; this module imports no framework and no adapter.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from hvdk8s import compression as _compression
+from hvdk8s.schedule import lr_scale
+
+# Verbs (and constants) both adapters export with identical parameters; tests/test_contract.py checks it.
+CONTRACT = (
+    "init", "distribute", "broadcast_state", "load_checkpoint", "save_checkpoint", "scaled_learning_rate",
+    "metric_average", "metric_sum", "allreduce", "log", "is_rank0", "rank", "size", "local_rank", "local_size",
+    "cross_size", "resolve_compression", "Average", "Sum",
+)
+
+
+def cpu_threads(threads_per_rank: Optional[int], local_size: int) -> int:
+    """Intra-op threads for one rank on CPU: the node's cores shared among its ranks, at least one."""
+    return threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, local_size))
+
+
+def rank0_print(rank: int, *args: Any, **kwargs: Any) -> None:
+    """print() on rank 0 only, flushed at once (the launcher interleaves the ranks' output)."""
+    if rank == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def scaled_learning_rate(base: float, rule: str, ranks: int, backward_passes_per_step: int) -> float:
+    return base * lr_scale(rule, ranks, backward_passes_per_step)
+
+
+def resolve_compression(choice: str, *, on_gpu: bool, nodes: int) -> str:
+    return _compression.resolve(choice, on_gpu=on_gpu, nodes=nodes)

@@ -1,0 +1,26 @@
+"""What a job's own code must pass before any rank starts (at `hvdk8s validate` and `hvdk8s launch`):
+its factories import and return the right things, and a script carried to a cluster exists."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hvdk8s.entrypoint import carried_files
+from hvdk8s.factories import FactoryError, build_model, importable_from
+from hvdk8s.spec import JobFileError, JobSpec
+
+
+def check_code(spec: JobSpec, job_dir: Path, source: str) -> None:
+    """Import and call the job's factories the way a rank will (building the model once, so the job's
+    framework must be installed), and read a carried entrypoint script; JobFileError naming the field."""
+    carried_files(spec, job_dir, source)
+    if spec.entrypoint is not None or (spec.model.factory is None and spec.dataset.factory is None):
+        return
+    from hvdk8s.data.datasets import open_splits
+
+    with importable_from(job_dir):
+        try:
+            splits = open_splits(spec.dataset)
+            if spec.model.factory is not None:
+                build_model(spec.model, spec.framework, splits["train"].info)
+        except FactoryError as e:
+            raise JobFileError(source, [(e.field, e.message)]) from None

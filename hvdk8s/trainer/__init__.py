@@ -1,0 +1,28 @@
+"""What each rank runs for `hvdk8s train`: a JobSpec in, a trained model (and checkpoints) out.
+
+`job` holds everything both frameworks share (the epoch loop, learning-rate policy, checkpoint timing,
+events, summary); `torch` and `tensorflow` supply only their steps, evaluation and checkpoint I/O.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hvdk8s.spec import JobSpec
+
+
+def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
+    """Train `spec` as one rank; returns the summary (test_accuracy, epochs, seconds, digest)."""
+    from hvdk8s.data.datasets import holding, open_splits
+
+    from .job import run_epochs
+
+    if spec.entrypoint is not None:
+        raise ValueError("this job runs its own entrypoint, not hvdk8s's trainer")
+    with holding(spec.dataset):  # a cached dataset is not evicted while it trains
+        splits = open_splits(spec.dataset)
+        if spec.framework == "pytorch":
+            from .torch import TorchSteps as Steps
+        else:
+            from .tensorflow import KerasSteps as Steps
+        steps = Steps(spec, splits)
+        return run_epochs(spec, steps, steps.lr, resume=resume)

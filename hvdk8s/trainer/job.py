@@ -1,0 +1,147 @@
+"""What every training loop shares, whatever the framework: the learning-rate policy, when to
+checkpoint, the events rank 0 reports, the epoch loop and the summary. A framework supplies only its
+`Steps` (one epoch of steps, evaluation, checkpoint I/O) and is driven by `run_epochs`."""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+import numpy as np
+
+from hvdk8s.events import Reporter
+from hvdk8s.schedule import lr_scale, warmup_lr
+from hvdk8s.spec import JobSpec
+
+PROGRESS_EVERY_S = 1.0  # rank 0 reports progress within an epoch at most this often
+
+
+def parameter_digest(arrays: Mapping[str, Any]) -> str:
+    """A short hash of named arrays (a torch state dict, or numpy arrays), to compare models across
+    ranks, runs and checkpoint files."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = arrays[name]
+        if hasattr(a, "detach"):  # a torch tensor
+            a = a.detach().cpu().numpy()
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The job's rate: `learning_rate` for one rank, scaled with the global batch, reached by a linear
+    warm-up over `warmup_epochs` (counted in optimizer steps)."""
+
+    base: float
+    peak: float
+    warmup_steps: int
+
+    @classmethod
+    def for_job(cls, training, ranks: int, optimizer_steps_per_epoch: int) -> "LRSchedule":
+        peak = training.learning_rate * lr_scale(training.lr_scaling, ranks, training.backward_passes_per_step)
+        return cls(training.learning_rate, peak, round(training.warmup_epochs * optimizer_steps_per_epoch))
+
+    def at(self, optimizer_step: int) -> float:
+        return warmup_lr(optimizer_step, self.warmup_steps, self.base, self.peak)
+
+
+def checkpoint_due(training, epoch: int) -> bool:
+    """Every `interval_epochs`, and always after the last epoch (so a finished run resumes as finished)."""
+    return bool(training.checkpoint.dir) and (epoch % training.checkpoint.interval_epochs == 0
+                                              or epoch == training.epochs)
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """One epoch's training figures over all ranks."""
+
+    loss: float
+    accuracy: float
+    samples: int
+
+
+class Progress:
+    """Rank 0's progress within an epoch, rate-limited; `loss` is computed only when a report is due
+    (reading a value off a GPU stalls it)."""
+
+    def __init__(self, report: Reporter, epoch: int, steps: int):
+        self.report, self.epoch, self.steps = report, epoch, steps
+        self.began = self.last = time.perf_counter()
+
+    def step(self, done: int, samples: int, loss: Callable[[], float]) -> None:
+        if not self.report.enabled or done >= self.steps:
+            return
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.report.emit("progress", epoch=self.epoch, step=done, steps=self.steps, loss=float(loss()),
+                             samples_per_s=samples / max(now - self.began, 1e-9))
+            self.last = now
+
+
+class Steps(Protocol):
+    """What a framework supplies to the shared loop."""
+
+    rank: int
+    size: int
+    steps_per_epoch: int
+    compression: str  # as resolved: "fp16" or "none"
+
+    def load(self, directory: str) -> tuple[int, dict]: ...
+    def train_epoch(self, epoch: int, progress: Progress) -> EpochStats: ...
+    def evaluate(self) -> tuple[float, float]: ...
+    def save(self, directory: str, epoch: int, keep: int, extra: dict) -> Optional[str]: ...
+    def digest(self) -> str: ...
+    def loss_scale(self) -> Optional[float]: ...  # fp16: the current dynamic loss scale
+
+
+def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = True) -> dict[str, Any]:
+    """Resume, train the remaining epochs, evaluate, checkpoint; report every event on rank 0.
+    Returns the summary (test_accuracy, epochs, seconds, digest)."""
+    t = spec.training
+    report = Reporter(enabled=steps.rank == 0)
+    start_epoch = 1
+    if t.checkpoint.dir and resume:
+        done_epoch, extra = steps.load(t.checkpoint.dir)
+        start_epoch = done_epoch + 1
+        if done_epoch:
+            report.emit("resume", epoch=done_epoch, path=extra["path"], digest=steps.digest())
+    report.emit("start", job=spec.name, framework=spec.framework, model=spec.model.label,
+                dataset=spec.dataset.label, ranks=steps.size, compression=steps.compression,
+                precision=t.precision, lr=lr.peak, steps_per_epoch=steps.steps_per_epoch, epochs=t.epochs,
+                start_epoch=start_epoch)
+    began = time.perf_counter()
+    test_acc = math.nan
+    for epoch in range(start_epoch, t.epochs + 1):
+        epoch_began = time.perf_counter()
+        stats = steps.train_epoch(epoch, Progress(report, epoch, steps.steps_per_epoch))
+        seconds = time.perf_counter() - epoch_began
+        test_loss, test_acc = steps.evaluate()
+        scale = {"loss_scale": steps.loss_scale()} if t.precision == "fp16" else {}
+        report.emit("epoch", epoch=epoch, epochs=t.epochs, loss=stats.loss, accuracy=stats.accuracy,
+                    test_loss=test_loss, test_accuracy=test_acc, samples_per_s=stats.samples / seconds,
+                    seconds=seconds, **scale)
+        if checkpoint_due(t, epoch):
+            path = steps.save(t.checkpoint.dir, epoch, t.checkpoint.keep, {"job": spec.name})
+            if path is not None:
+                report.emit("checkpoint", epoch=epoch, path=str(path))
+    if start_epoch > t.epochs:  # nothing left to train: report the restored model
+        test_acc = steps.evaluate()[1]
+    summary = {"test_accuracy": test_acc, "epochs": t.epochs, "seconds": time.perf_counter() - began,
+               "digest": steps.digest()}
+    report.emit("done", **summary)
+    return summary
+
+
+def build_model(spec: JobSpec, info: dict[str, Any]):
+    """The job's model for its framework: a registered one, or the user's factory's (checked)."""
+    if spec.model.factory is not None:
+        from hvdk8s.factories import build_model as from_factory
+
+        return from_factory(spec.model, spec.framework, info)
+    from hvdk8s.models import registry
+
+    return registry.get(spec.model.name).build(spec.framework, spec.model.args, **info)

@@ -1,0 +1,187 @@
+"""The package's import graph is one-way: no module imports, directly or through others, a module that
+imports it back. Read from the source with `ast` (nothing is imported), so it covers modules whose
+frameworks are not installed, imports inside functions, and relative imports.
+
+Edges: `import a.b.c` imports module a.b.c if it exists (else its nearest existing parent); `from p import
+n` imports p.n when that is a module, else p itself; a package stands for its `__init__`. Parent packages
+that Python also runs are not edges: a package `__init__` re-exporting its submodules is not a cycle.
+Imports under `if TYPE_CHECKING:` never run, so they are not edges either.
+"""
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def package_dirs(root: Path) -> dict[str, Path]:
+    """setup.py's package_dir (the repository keeps mpijob/, models/, data/ at top level)."""
+    for node in ast.parse((root / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PACKAGE_DIR" for t in node.targets):
+            return {name: root / d for name, d in ast.literal_eval(node.value).items()}
+    raise AssertionError("setup.py has no PACKAGE_DIR")
+
+
+def find_modules(packages: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package's __init__), over every package and its subpackages."""
+    found: dict[str, tuple[Path, bool]] = {}
+
+    def walk(name: str, directory: Path) -> None:
+        found.setdefault(name, (directory / "__init__.py", True))
+        for path in sorted(directory.iterdir()):
+            if path.is_dir() and (path / "__init__.py").is_file():
+                walk(f"{name}.{path.name}", path)
+            elif path.suffix == ".py" and path.name != "__init__.py":
+                found.setdefault(f"{name}.{path.stem}", (path, False))
+
+    for name, directory in packages.items():
+        walk(name, directory)
+    return found
+
+
+def _runtime_imports(tree: ast.AST):
+    """Import statements that can run: anywhere (functions included), except under `if TYPE_CHECKING:`."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            test = getattr(child, "test", None) if isinstance(child, ast.If) else None
+            if test is not None and "TYPE_CHECKING" in ast.unparse(test):
+                todo.extend(child.orelse)
+            else:
+                todo.append(child)
+
+
+def module_imports(name: str, path: Path, is_package: bool, known: set[str]) -> dict[str, int]:
+    """The package modules `name` imports -> the first line that does."""
+    def nearest(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        for n in range(len(parts), 0, -1):
+            if ".".join(parts[:n]) in known:
+                return ".".join(parts[:n])
+        return None
+
+    out: dict[str, int] = {}
+    for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        targets: list[str | None]
+        if isinstance(node, ast.Import):
+            targets = [nearest(alias.name) for alias in node.names]
+        else:
+            if node.level:  # relative: from the package holding this module, up level - 1 more
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                base_parts = package[:len(package) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else nearest(base) for a in node.names]
+        for target in targets:
+            if target is not None:  # None: outside the package (os, numpy, torch)
+                out.setdefault(target, node.lineno)
+    return out
+
+
+def import_graph(root: Path) -> tuple[dict[str, dict[str, int]], dict[str, Path]]:
+    modules = find_modules(package_dirs(root))
+    known = set(modules)
+    graph = {name: module_imports(name, path, is_pkg, known) for name, (path, is_pkg) in modules.items()}
+    return graph, {name: path for name, (path, _) in modules.items()}
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One shortest cycle per strongly connected group of modules, as [a, b, ..., a]."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan; the graph is small, recursion depth is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph.get(v, {}):
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+
+    found = []
+    for group in groups:
+        start = min(group)
+        previous: dict[str, str] = {}
+        queue = deque([start])
+        while queue:  # breadth first inside the group: the shortest way back to `start`
+            v = queue.popleft()
+            if start in graph[v]:
+                path = [v]
+                while path[-1] != start:
+                    path.append(previous[path[-1]])
+                found.append([start] + path[::-1][1:] + [start] if v != start else [start, start])
+                break
+            for w in sorted(graph[v]):
+                if w in group and w not in previous and w != start:
+                    previous[w] = v
+                    queue.append(w)
+    return sorted(found)
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]], files: dict[str, Path], root: Path) -> str:
+    steps = [f"    {a} -> {b}  ({files[a].relative_to(root)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
+    return " -> ".join(cycle) + "\n" + "\n".join(steps)
+
+
+def test_no_import_cycles():
+    graph, files = import_graph(ROOT)
+    assert {"hvdk8s.spec", "hvdk8s.mpijob.render", "hvdk8s.models.registry", "hvdk8s.data.cache.diskio"} <= set(graph)
+    assert "hvdk8s.spec" in graph["hvdk8s.mpijob.render"]  # the edges are really read
+    found = cycles(graph)
+    assert not found, "import cycles (a module imports, through others, one that imports it back):\n" + \
+        "\n".join(describe(c, graph, files, ROOT) for c in found)
+
+
+def test_the_graph_reading_itself(tmp_path):
+    """The reader on a small real tree: relative and absolute, top-level and in-function imports, a
+    package standing for its __init__, re-exports that are not cycles, and cycles that are."""
+    (tmp_path / "setup.py").write_text('PACKAGE_DIR = {"app": "src", "app.extra": "extra"}\n')
+    files = {
+        "src/__init__.py": "",
+        "src/a.py": "from . import b\n",
+        "src/b.py": "def f():\n    import app.sub.c\n",
+        "src/sub/__init__.py": "from .c import thing\n",
+        "src/sub/c.py": "from ..a import x\nthing = 1\n",
+        "src/d.py": "from app.sub import thing\nimport os, numpy\n",
+        "src/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app import d\nelse:\n    pass\n",
+        "extra/__init__.py": "from .y import z\n",
+        "extra/y.py": "from app.extra import z as _\nz = 1\n",
+        "extra/w.py": "from . import w\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph, _ = import_graph(tmp_path)
+    assert graph["app.a"] == {"app.b": 1} and graph["app.b"] == {"app.sub.c": 2}
+    assert graph["app.sub.c"] == {"app.a": 1} and graph["app.sub"] == {"app.sub.c": 1}
+    assert graph["app.d"] == {"app.sub": 1} and graph["app.e"] == {} and graph["app"] == {}
+    assert graph["app.extra.y"] == {"app.extra": 1}
+    assert cycles(graph) == [["app.a", "app.b", "app.sub.c", "app.a"],
+                             ["app.extra", "app.extra.y", "app.extra"],
+                             ["app.extra.w", "app.extra.w"]]

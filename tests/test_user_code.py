@@ -1,0 +1,178 @@
+"""Users' own code in a job: an entrypoint script (run locally on real ranks, rendered for a cluster),
+model and dataset factories by import path, and the errors a wrong path or result gives."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, cli
+
+EXAMPLES = ROOT / "examples"
+USER_CODE = Path(__file__).resolve().parent / "user_code"
+SHARED_CRD = ROOT.parent / "shared" / "k8s" / "mpijob-crd.yaml"
+
+
+def _accuracy(out: str) -> float:
+    return float(re.findall(r"test accuracy ([\d.]+)%", out)[-1])
+
+
+@pytest.mark.ranks
+def test_own_script_trains_checkpoints_resumes_and_renders(tmp_path):
+    job = EXAMPLES / "script" / "job.yaml"
+    ckpt = tmp_path / "ckpt"
+    first = cli("launch", "--local", "-np", "2", job, "--set", "training.epochs=8",
+                "--set", f"training.checkpoint.dir={ckpt}")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert _accuracy(first.stdout) >= 93.0, first.stdout
+    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-00006.ckpt", "epoch-00007.ckpt", "epoch-00008.ckpt"]
+
+    resumed = cli("launch", "--local", "-np", "2", job, "--set", "training.epochs=10",
+                  "--set", f"training.checkpoint.dir={ckpt}")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {ckpt / 'epoch-00008.ckpt'} at epoch 8" in resumed.stdout
+    assert _accuracy(resumed.stdout) >= 93.0 and "after 10 epochs" in resumed.stdout
+
+    out = tmp_path / "rendered"
+    rendered = cli("render", job, "-o", out)
+    assert rendered.returncode == 0, rendered.stderr
+    configmap = yaml.safe_load((out / "configmap.yaml").read_text())
+    assert configmap["data"]["train.py"] == (EXAMPLES / "script" / "train.py").read_text()
+    mpijob = yaml.safe_load((out / "mpijob.yaml").read_text())
+    launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"][-4:] == ["python", "/etc/hvdk8s/train.py", "--hidden", "64"]
+    assert "HVDK8S_JOB" in launcher["command"]  # forwarded to every rank: hvdk8s.job() finds the job
+    worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert {"name": "job", "mountPath": "/etc/hvdk8s", "readOnly": True} in worker["containers"][0]["volumeMounts"]
+    checked = cli("validate", out / "mpijob.yaml")
+    assert checked.returncode == 0, checked.stderr
+    if SHARED_CRD.exists():  # ../shared is beside every checkout here and in CI
+        checked = cli("validate", out / "mpijob.yaml", "--crd", SHARED_CRD)
+        assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("framework,model", [("pytorch", "my_pkg.models:torch_mlp"),
+                                             ("tensorflow", "my_pkg.models:keras_mlp")])
+def test_model_and_dataset_factories_train(framework, model):
+    run = cli("launch", "--local", "-np", "2", EXAMPLES / "factories" / "job.yaml",
+              "--set", f"framework={framework}", "--set", f"model.factory={model}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"{framework} {model} on my_pkg.data:noisy_digits" in run.stdout
+    assert _accuracy(run.stdout) >= 93.0, run.stdout
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    """A user's folder: the example package, the broken factories, and a job file to vary."""
+    shutil.copytree(EXAMPLES / "factories" / "my_pkg", tmp_path / "my_pkg")
+    for name in ("bad_factories.py", "broken_module.py"):
+        shutil.copy(USER_CODE / name, tmp_path / name)
+    shutil.copy(EXAMPLES / "factories" / "job.yaml", tmp_path / "job.yaml")
+    return tmp_path
+
+
+BAD_FACTORIES = [
+    ("model.factory", "no_such_pkg.models:build", "no module named 'no_such_pkg'"),
+    ("model.factory", "my_pkg.models:no_such_model", "has no attribute 'no_such_model'"),
+    ("model.factory", "bad_factories:NOT_CALLABLE", "is a int, not a function or class"),
+    ("model.factory", "broken_module:build", "importing 'broken_module' failed: SyntaxError"),
+    ("model.factory", "bad_factories:raises", "RuntimeError: the user's factory broke"),
+    ("model.factory", "bad_factories:not_a_model", "returned str, not a torch.nn.Module"),
+    ("dataset.factory", "bad_factories:not_a_dataset", "returned an unusable dataset: got int"),
+    ("dataset.factory", "bad_factories:empty_dataset", "returned an unusable dataset: the dataset is empty"),
+    ("dataset.factory", "bad_factories:bad_split", "needs exactly the keys 'train' and 'test'"),
+    ("model.factory", "my_pkg.models.torch_mlp", "is not an import path"),
+]
+
+
+@pytest.mark.parametrize("field,path,message", BAD_FACTORIES, ids=[b[1] for b in BAD_FACTORIES])
+def test_bad_factory_is_a_field_error_at_validate(user_dir, field, path, message):
+    run = cli("validate", user_dir / "job.yaml", "--set", f"{field}={path}")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+    assert f"{field}:" in run.stderr and message in run.stderr, run.stderr
+
+
+def test_bad_factory_stops_a_launch_before_any_rank_starts(user_dir):
+    run = cli("launch", "--local", "-np", "2", user_dir / "job.yaml", "--set", "model.factory=bad_factories:raises")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "model.factory:" in run.stderr and "[1,0]" not in run.stdout + run.stderr
+
+
+def test_validate_no_import_checks_only_the_file(user_dir):
+    run = cli("validate", user_dir / "job.yaml", "--no-import", "--set", "model.factory=no_such_pkg.x:build")
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.ranks
+def test_ranks_receive_the_validated_job_not_the_file(tmp_path):
+    shutil.copy(USER_CODE / "print_job.py", tmp_path / "print_job.py")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "print-job", "framework": "pytorch",
+                                   "entrypoint": {"script": "print_job.py", "args": ["--flag", 3]},
+                                   "training": {"epochs": 2, "batch_size": 8, "learning_rate": 0.1}}))
+    run = cli("launch", "--local", "-np", "2", job, "--set", "training.epochs=7")
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen = [json.loads(line.split("JOB ", 1)[1]) for line in run.stdout.splitlines() if "JOB {" in line]
+    assert sorted(s["rank"] for s in seen) == ["0", "1"]
+    for s in seen:  # the override and the defaults, from a file the launcher wrote, not the user's
+        assert (s["epochs"], s["precision"], s["momentum"], s["argv"]) == (7, "fp32", 0.9, ["--flag", "3"])
+        assert Path(s["file"]) != job and not Path(s["file"]).exists()  # removed after the run
+
+
+ENTRYPOINT_ERRORS = [
+    ({"script": "missing.py"}, "entrypoint.script", "does not exist"),
+    ({"script": "a.py", "module": "b"}, "entrypoint", "exactly one of `script`"),
+    ({"module": "my_pkg.train", "code": "configmap"}, "entrypoint", "must be installed in the image"),
+    ({"module": "not a module"}, "entrypoint.module", "is not a module name"),
+    ({"script": "my script.py"}, "entrypoint", "becomes a key of the job's ConfigMap"),
+    ({"script": "t.py", "args": [True]}, "entrypoint.args", "quote true/false"),
+]
+
+
+@pytest.mark.parametrize("entrypoint,field,message", ENTRYPOINT_ERRORS, ids=[e[2] for e in ENTRYPOINT_ERRORS])
+def test_entrypoint_errors_name_the_field(tmp_path, entrypoint, field, message):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "bad", "framework": "pytorch", "entrypoint": entrypoint,
+                                   "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}))
+    for verb in ("validate", "render"):
+        run = cli(verb, job)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert f"{field}:" in run.stderr and message in run.stderr, run.stderr
+
+
+def test_entrypoint_in_the_image_renders_its_own_path(tmp_path):
+    job = tmp_path / "job.yaml"
+    base = {"name": "in-image", "framework": "pytorch", "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}
+    for entrypoint, tail in (({"script": "/app/train.py", "code": "image", "args": ["-v"]}, ["python", "/app/train.py", "-v"]),
+                             ({"module": "my_pkg.train"}, ["python", "-m", "my_pkg.train"])):
+        job.write_text(yaml.safe_dump({**base, "entrypoint": entrypoint}))
+        run = cli("render", job)
+        assert run.returncode == 0, run.stderr
+        configmap, mpijob = yaml.safe_load_all(run.stdout)
+        assert list(configmap["data"]) == ["job.yaml"]  # nothing carried: the code is in the image
+        command = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+        assert command[-len(tail):] == tail
+
+
+def test_trainer_jobs_still_need_model_and_dataset(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "x", "framework": "pytorch",
+                                   "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}))
+    run = cli("validate", job)
+    assert run.returncode == 2 and "`model` and `dataset` required" in run.stderr
+
+
+def test_job_outside_a_launch_says_how_to_start_it(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "HVDK8S_JOB"}
+    run = subprocess.run([sys.executable, "-c", "import hvdk8s; hvdk8s.job()"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert run.returncode != 0 and "HVDK8S_JOB" in run.stderr and "hvdk8s launch" in run.stderr
