@@ -18,7 +18,7 @@ class DigitsArgs(_Args):
 class SyntheticImagesArgs(_Args):
     """Random images with learnable labels (a fixed random linear teacher), for benchmarks."""
 
-    samples: int = Field(default=8192, gt=0)
+    samples: int = Field(default=8192, gt=0, le=1 << 24)
     shape: list[int] = Field(default=[3, 32, 32], min_length=1, max_length=3)
     classes: int = Field(default=10, ge=2)
 
@@ -26,7 +26,7 @@ class SyntheticImagesArgs(_Args):
 class SyntheticTokensArgs(_Args):
     """Random token sequences from a fixed random bigram table, for language-model benchmarks."""
 
-    samples: int = Field(default=4096, gt=0)
+    samples: int = Field(default=4096, gt=0, le=1 << 24)
     seq_len: int = Field(default=64, ge=2)
     vocab_size: int = Field(default=256, ge=2)
 

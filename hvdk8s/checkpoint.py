@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hvdk8s.atomic import atomic_path
+from hvdk8s.atomic import atomic_path, is_part
 
 _NAME = re.compile(r"^epoch-(\d{5,})\.ckpt$")
 
@@ -33,13 +33,21 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
 
 def save(directory: str | os.PathLike, epoch: int, payload: Any, write: Callable[[Any, Path], None],
          keep: int = 3) -> Path:
-    """Write `payload` as the checkpoint of `epoch`, then keep only the `keep` newest."""
+    """Write `payload` as the checkpoint of `epoch`, then prune: checkpoints of later epochs are from
+    an abandoned run (`--no-resume`, or skipped as damaged) and would be resumed instead of this one, so
+    they go; of the rest, the `keep` newest stay, this one always among them. Temporary files left by
+    a writer that was killed mid-write go too (one job writes a directory, from rank 0 only)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    for leftover in d.iterdir():
+        if is_part(leftover.name):
+            leftover.unlink(missing_ok=True)
     final = path_for(d, epoch)
     with atomic_path(final) as tmp:
         write(payload, tmp)
-    for _, old in list_checkpoints(d)[keep:]:
+    current = [(e, p) for e, p in list_checkpoints(d) if e <= epoch]
+    stale = [p for e, p in list_checkpoints(d) if e > epoch] + [p for _, p in current[keep:]]
+    for old in stale:
         old.unlink(missing_ok=True)
     return final
 

@@ -75,12 +75,11 @@ def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, cr
 
 def _mpijob_documents(path: str) -> list | None:
     """The documents of `path` if any of them is an MPIJob (else None: treat it as a job file)."""
-    import yaml
+    from hvdk8s import safeyaml
 
     try:
-        with open(path, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    except (OSError, yaml.YAMLError):
+        docs = safeyaml.read(path, max_bytes=8 << 20)  # many MPIJobs in one stream
+    except (OSError, safeyaml.YAMLInputError):
         return None  # the job-file loader reports it with its line and column
     return docs if any(isinstance(d, dict) and d.get("kind") == "MPIJob" for d in docs) else None
 

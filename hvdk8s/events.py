@@ -2,18 +2,41 @@
 
 Rank 0 prints `@hvdk8s {json}` when HVDK8S_EVENTS=json (set by `hvdk8s launch --local`, which parses
 them and draws progress), and plain text otherwise (logs of a cluster pod, a hand-run horovodrun).
+
+Ranks' other output (a user's print, a dataset path in an error message) could look like an event; so
+a launcher that parses events also sets HVDK8S_EVENTS_TOKEN to a secret of its own, and only lines
+prefixed `@hvdk8s:TOKEN ` count. The view never trusts an event's fields either (`format_text` falls
+back to the raw JSON).
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 from typing import Any, Optional, TextIO
 
 PREFIX = "@hvdk8s "
+TOKEN_ENV = "HVDK8S_EVENTS_TOKEN"
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def prefix(token: Optional[str] = None) -> str:
+    return f"@hvdk8s:{token} " if token else PREFIX
 
 
 def format_text(event: dict[str, Any]) -> str:
+    """A line for people; the event's JSON if its fields are not what its kind promises."""
+    try:
+        return _format(event)
+    except (KeyError, TypeError, ValueError):
+        return json.dumps(event)
+
+
+def _format(event: dict[str, Any]) -> str:
     kind = event.get("event")
     if kind == "start":
         precision = event.get("precision", "fp32")
@@ -45,26 +68,29 @@ class Reporter:
     def __init__(self, enabled: bool, mode: Optional[str] = None, stream: TextIO = sys.stdout):
         self.enabled = enabled
         self.mode = mode or os.environ.get("HVDK8S_EVENTS", "text")
+        self.prefix = prefix(os.environ.get(TOKEN_ENV))
         self.stream = stream
 
     def emit(self, kind: str, **fields: Any) -> None:
         if not self.enabled:
             return
         event = {"event": kind, **fields}
-        line = PREFIX + json.dumps(event) if self.mode == "json" else format_text(event)
+        line = self.prefix + json.dumps(event) if self.mode == "json" else format_text(event)
         # One write per line: mpirun tags every write it forwards, so a separate newline would
         # arrive as its own tagged fragment.
         self.stream.write(line + "\n")
         self.stream.flush()
 
 
-def parse(line: str) -> Optional[dict[str, Any]]:
-    """The event in a line of rank output (launchers may prefix lines with a rank tag), or None."""
-    at = line.find(PREFIX)
+def parse(line: str, token: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """The event in a line of rank output (launchers may prefix lines with a rank tag), or None.
+    With a token, only lines carrying that token's prefix count."""
+    mark = prefix(token)
+    at = line.find(mark)
     if at < 0:
         return None
     try:  # the first JSON value only: a launcher's tag may follow it on the same line
-        event, _ = json.JSONDecoder().raw_decode(line, at + len(PREFIX))
+        event, _ = json.JSONDecoder().raw_decode(line, at + len(mark))
     except json.JSONDecodeError:
         return None
     return event if isinstance(event, dict) and "event" in event else None

@@ -14,7 +14,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, Field, ValidationError, field_validator,
                       model_validator)
 
-from hvdk8s import compression, precision
+from hvdk8s import compression, precision, safeyaml
 from hvdk8s.errors import UserError
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
@@ -153,27 +153,27 @@ class DatasetSpec(_Strict):
 
 class CheckpointSpec(_Strict):
     dir: Optional[str] = Field(default=None, description="where rank 0 writes checkpoints; none: no checkpoints")
-    interval_epochs: int = Field(default=1, gt=0)
+    interval_epochs: int = Field(default=1, gt=0, le=1_000_000)
     keep: int = Field(default=3, ge=1, description="newest checkpoints kept")
 
 
 class TrainingSpec(_Strict):
-    epochs: int = Field(gt=0)
-    batch_size: int = Field(gt=0, description="samples per rank per backward pass")
+    epochs: int = Field(gt=0, le=1_000_000)
+    batch_size: int = Field(gt=0, le=1 << 24, description="samples per rank per backward pass")
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    learning_rate: float = Field(gt=0.0, description="for one rank; scaled by lr_scaling")
+    learning_rate: float = Field(gt=0.0, allow_inf_nan=False, description="for one rank; scaled by lr_scaling")
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     lr_scaling: Literal["linear", "sqrt", "none"] = Field(
         default="linear", description="how the learning rate grows with the number of ranks")
-    warmup_epochs: float = Field(default=0.0, ge=0.0,
+    warmup_epochs: float = Field(default=0.0, ge=0.0, le=1_000_000, allow_inf_nan=False,
                                  description="epochs over which the rate ramps from learning_rate to its scaled value")
     compression: Compression = Field(
         default="auto", description="gradient compression: auto picks fp16 only where gradients cross a "
                                     "network between GPU nodes")
     backward_passes_per_step: int = Field(default=1, ge=1)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seeds numpy, torch and Keras (32 bits)")
     precision: Precision = Field(default="fp32", description="fp32, or mixed precision: bf16, or fp16 with loss "
                                                              "scaling")
     clip_grad_norm: Optional[float] = Field(default=None, gt=0.0, allow_inf_nan=False,
@@ -459,10 +459,9 @@ def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
             if not isinstance(node, dict):
                 raise JobFileError(source, [(key, f"cannot set a field inside {part!r}, which is not a mapping")])
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise JobFileError(source, [(key, f"{raw!r} is not a YAML value "
-                                              f"({getattr(e, 'problem', None) or e})")]) from None
+            node[parts[-1]] = safeyaml.load_value(raw)
+        except safeyaml.YAMLInputError as e:
+            raise JobFileError(source, [(key, f"--set value {raw[:80]!r}: {e}")]) from None
     return data
 
 
@@ -471,17 +470,15 @@ def load_job(path: Union[str, Path], overrides: Optional[list[str]] = None) -> J
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        docs = safeyaml.read(path)
     except FileNotFoundError:
         raise JobFileError(source, [("", "file not found")]) from None
+    except IsADirectoryError:
+        raise JobFileError(source, [("", "is a directory, not a job file")]) from None
     except OSError as e:
-        raise JobFileError(source, [("", f"cannot read: {e.strerror}")]) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise JobFileError(source, [("", f"not valid YAML: {where}{getattr(e, 'problem', None) or e}")]) from None
+        raise JobFileError(source, [("", f"cannot read: {e.strerror or e}")]) from None
+    except safeyaml.YAMLInputError as e:
+        raise JobFileError(source, [("", str(e))]) from None
     if len(docs) != 1:
         raise JobFileError(source, [("", f"expected exactly one YAML document, found {len(docs)}")])
     data = docs[0]

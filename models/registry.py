@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -23,15 +23,15 @@ class _Args(StrictModel):
 class MLPArgs(_Args):
     """Fully connected classifier over flattened inputs."""
 
-    hidden: list[int] = Field(default=[128, 64], min_length=0)
+    hidden: list[Annotated[int, Field(gt=0, le=1 << 20)]] = Field(default=[128, 64], max_length=64)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
 
 class CNNArgs(_Args):
     """Small convolutional classifier for small images (8x8 digits up to 32x32 CIFAR)."""
 
-    channels: list[int] = Field(default=[32, 64], min_length=1)
-    hidden: int = Field(default=128, gt=0)
+    channels: list[Annotated[int, Field(gt=0, le=1 << 16)]] = Field(default=[32, 64], min_length=1, max_length=16)
+    hidden: int = Field(default=128, gt=0, le=1 << 16)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
 
@@ -52,12 +52,12 @@ class ResNetArgs(_Args):
 class TransformerArgs(_Args):
     """Decoder-only (causal) Transformer language model."""
 
-    d_model: int = Field(default=128, gt=0)
-    heads: int = Field(default=4, gt=0)
-    layers: int = Field(default=2, gt=0)
-    d_ff: int = Field(default=512, gt=0)
+    d_model: int = Field(default=128, gt=0, le=1 << 16)
+    heads: int = Field(default=4, gt=0, le=1 << 16)
+    layers: int = Field(default=2, gt=0, le=1 << 16)
+    d_ff: int = Field(default=512, gt=0, le=1 << 16)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    max_len: int = Field(default=512, gt=0)
+    max_len: int = Field(default=512, gt=0, le=1 << 16)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TransformerArgs":

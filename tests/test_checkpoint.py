@@ -51,3 +51,24 @@ def test_resume_skips_files_of_another_kind(tmp_path):
 
 def test_no_checkpoints(tmp_path):
     assert checkpoint.load_latest(tmp_path / "absent", read) is None
+
+
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
+    """Checkpoints of later epochs (an earlier run abandoned with --no-resume, or damaged ones that
+    resume skipped) must not survive the new run's save: a later resume would continue the old run."""
+    for epoch in (5, 6, 7):  # the earlier run
+        checkpoint.save(tmp_path, epoch, {"epoch": epoch, "run": "old"}, write)
+    path = checkpoint.save(tmp_path, 1, {"epoch": 1, "run": "new"}, write, keep=3)
+    assert [e for e, _ in checkpoint.list_checkpoints(tmp_path)] == [1] and path.exists()
+    checkpoint.save(tmp_path, 2, {"epoch": 2, "run": "new"}, write, keep=3)
+    epoch, _, payload = checkpoint.load_latest(tmp_path, read)
+    assert (epoch, payload["run"]) == (2, "new")
+
+
+def test_temporary_files_of_a_killed_writer_are_removed_by_the_next_save(tmp_path):
+    from hvdk8s.atomic import part_path
+
+    leftover = part_path(checkpoint.path_for(tmp_path, 3))
+    leftover.write_bytes(b"x" * 1000)  # what kill -9 during a write leaves
+    checkpoint.save(tmp_path, 3, {"epoch": 3}, write)
+    assert sorted(os.listdir(tmp_path)) == ["epoch-00003.ckpt"]

@@ -16,7 +16,7 @@ def test_readme_leads_with_the_two_commands_and_ci_runs_the_test_one():
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
-@pytest.mark.parametrize("example", ["custom_torch.py", "custom_keras.py"])
+@pytest.mark.parametrize("example", ["custom_torch.py", "custom_keras.py", "script/train.py"])
 def test_quoted_example_code_is_the_tested_file(example):
     at = README.index(f"examples/{example}")
     block = re.search(r"```python\n(.*?)```", README[at:], re.S).group(1)

@@ -108,16 +108,19 @@ def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CON
         job_file = Path(tmp) / "job.yaml"
         job_file.write_text(dump_job(spec), encoding="utf-8")
         cmd = command(rank_program(spec, job_file, job_dir, source, resume), np, controller)
-        return _follow(cmd, environment(np, job_file=job_file, job_dir=job_dir), console)
+        env = environment(np, job_file=job_file, job_dir=job_dir)
+        env[events.TOKEN_ENV] = token = events.new_token()
+        return _follow(cmd, env, token, console)
 
 
-def _follow(cmd: list[str], env: dict[str, str], console) -> int:
+def _follow(cmd: list[str], env: dict[str, str], token: str, console) -> int:
     view = _ProgressView(console)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", bufsize=1)  # ranks may print any bytes
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            event = events.parse(line)
+            event = events.parse(line, token)
             if event is None:
                 view.passthrough(line.rstrip("\n"))
             else:
@@ -146,7 +149,10 @@ class _ProgressView:
         kind = event["event"]
         if kind == "progress":
             if self.console.is_terminal:
-                self._bar(event)
+                try:
+                    self._bar(event)
+                except (KeyError, TypeError, ValueError):  # a malformed event is not worth a crash
+                    pass
             return
         self._close_bar()
         text = events.format_text(event)
