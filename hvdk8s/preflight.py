@@ -9,6 +9,16 @@ from hvdk8s.factories import FactoryError, build_model, importable_from
 from hvdk8s.spec import JobFileError, JobSpec
 
 
+def check_checkpoint_dir(spec: JobSpec, source: str) -> None:
+    """The checkpoint directory can be created and written here (a local launch's ranks share it)."""
+    from hvdk8s.checkpoint import check_writable
+
+    if spec.training.checkpoint.dir:
+        problem = check_writable(spec.training.checkpoint.dir)
+        if problem:
+            raise JobFileError(source, [("training.checkpoint.dir", problem)])
+
+
 def check_code(spec: JobSpec, job_dir: Path, source: str) -> None:
     """Import and call the job's factories the way a rank will (building the model once, so the job's
     framework must be installed), and read a carried entrypoint script; JobFileError naming the field."""

@@ -6,6 +6,7 @@ allowed there; `JobFileError` carries all of them at once.
 """
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -20,6 +21,8 @@ from hvdk8s.data import catalog
 from hvdk8s.models import registry
 from hvdk8s.quantity import ByteQuantity, Quantity
 from hvdk8s.strict import StrictModel
+from hvdk8s import k8snames
+from hvdk8s.mpijob import layout
 
 Framework = Literal["pytorch", "tensorflow"]
 Precision = Literal[precision.CHOICES]
@@ -176,6 +179,9 @@ class TrainingSpec(_Strict):
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seeds numpy, torch and Keras (32 bits)")
     precision: Precision = Field(default="fp32", description="fp32, or mixed precision: bf16, or fp16 with loss "
                                                              "scaling")
+    stall_timeout_seconds: Optional[int] = Field(
+        default=600, ge=5, le=86_400, description="end the job when a rank hangs this long in a collective "
+                                                  "(Horovod's stall check; null: wait forever)")
     clip_grad_norm: Optional[float] = Field(default=None, gt=0.0, allow_inf_nan=False,
                                             description="clip the averaged gradients to this global L2 norm")
 
@@ -200,18 +206,82 @@ class RDMASpec(_Strict):
             raise ValueError(f"{v!r} is not an extended resource name (domain/name, e.g. rdma/rdma_shared_device_a)")
         return v
 
+    @field_validator("socket_ifname")
+    @classmethod
+    def _interface(cls, v: str) -> str:
+        return _k8s_valid(k8snames.interface_name, v)
+
+    @field_validator("networks")
+    @classmethod
+    def _networks(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            k8snames.multus_interfaces(v)
+        return v
+
+    @model_validator(mode="after")
+    def _socket_interface_exists(self) -> "RDMASpec":
+        if self.socket_ifname not in self.pod_interfaces:
+            raise ValueError(f"socket_ifname {self.socket_ifname!r} is not an interface of the worker pods, which "
+                             f"have {', '.join(self.pod_interfaces)} (eth0 is the pod network; net1... come from "
+                             "Multus `networks`, attached with RDMA on)")
+        return self
+
+    @property
+    def pod_interfaces(self) -> list[str]:
+        """Interfaces of a worker pod (no hostNetwork): the pod network's eth0, then each Multus network's."""
+        return ["eth0", *(k8snames.multus_interfaces(self.networks) if self.enabled and self.networks else [])]
+
+
+INT32_MAX = 2**31 - 1  # replicas, slotsPerWorker, Horovod's rank count: 32-bit in the operator and in Horovod
+
+
+def _k8s_valid(check, value: str) -> str:
+    """VALUE if the k8snames CHECK finds nothing wrong, else ValueError with what it found."""
+    problems = check(value)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return value
+
 
 class ResourcesSpec(_Strict):
     gpus: int = Field(default=0, ge=0, description="GPUs for the whole job (0: a CPU job)")
-    gpus_per_node: int = Field(default=8, ge=1, description="GPUs on each node; one worker pod takes them all")
+    gpus_per_node: int = Field(default=8, ge=1, le=INT32_MAX, description="GPUs on each node; one worker pod takes them all")
     gpu_product: Optional[str] = Field(default=None, description="nodeSelector on nvidia.com/gpu.product")
-    workers: Optional[int] = Field(default=None, ge=1,
+    workers: Optional[int] = Field(default=None, ge=1, le=INT32_MAX,
                                    description="worker pods; derived from gpus for GPU jobs, default 1 for CPU jobs")
-    ranks_per_worker: int = Field(default=1, ge=1, description="ranks in each worker pod of a CPU job")
+    ranks_per_worker: int = Field(default=1, ge=1, le=INT32_MAX, description="ranks in each worker pod of a CPU job")
     cpu: Quantity = Field(default="4", description="CPU per worker (Kubernetes quantity)")
     memory: Quantity = Field(default="16Gi", description="memory per worker (Kubernetes quantity)")
     shm_size: Quantity = Field(default="8Gi", description="/dev/shm per worker (NCCL and loaders outgrow 64Mi)")
     rdma: RDMASpec = Field(default_factory=RDMASpec)
+    hierarchical_allreduce: bool = Field(
+        default=False, description="Horovod's hierarchical allreduce (NCCL in each node, MPI over TCP between "
+                                   "nodes): only for multi-node GPU jobs without RDMA, where you measured it helps")
+
+    @field_validator("gpu_product")
+    @classmethod
+    def _label_value(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _k8s_valid(k8snames.label_value, v)
+
+    @model_validator(mode="after")
+    def _fits_32_bits(self) -> "ResourcesSpec":
+        workers = self.gpus // min(self.gpus, self.gpus_per_node) if self.gpus else (self.workers or 1)
+        slots = min(self.gpus, self.gpus_per_node) if self.gpus else self.ranks_per_worker
+        if max(workers, slots, workers * slots) > INT32_MAX:
+            raise ValueError(f"{workers} workers x {slots} ranks is beyond what the MPI operator and Horovod count "
+                             f"(at most {INT32_MAX} workers, ranks per worker and ranks)")
+        return self
+
+    @model_validator(mode="after")
+    def _hierarchical_where_it_can_help(self) -> "ResourcesSpec":
+        if not self.hierarchical_allreduce:
+            return self
+        if not self.gpus or self.gpus <= self.gpus_per_node:
+            raise ValueError("hierarchical_allreduce is for GPU jobs on more than one node (gpus > gpus_per_node)")
+        if self.rdma.enabled:
+            raise ValueError("hierarchical_allreduce with rdma: Horovod 0.28.1 would do the cross-node step as a "
+                             "host-memory MPI allreduce over TCP instead of NCCL over RDMA; leave it off")
+        return self
 
     @field_validator("rdma", mode="before")
     @classmethod
@@ -235,6 +305,159 @@ class SecretRef(_Strict):
     secret: str
     key: str
 
+    @field_validator("secret")
+    @classmethod
+    def _secret_name(cls, v: str) -> str:
+        return _k8s_valid(k8snames.dns1123_subdomain, v)
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if not _CONFIGMAP_KEY.match(v):
+            raise ValueError(f"{v!r} is not a Secret key (letters, digits, '-', '_', '.')")
+        return v
+
+
+def _absolute_path(v: str) -> str:
+    if not v.startswith("/") or "//" in v or "\0" in v or posixpath.normpath(v) != v:
+        raise ValueError(f"{v!r} must be an absolute, normalized path (no '..', '.', '//' or trailing '/')")
+    return v
+
+
+class NFSVolumeSpec(_Strict):
+    server: str = Field(description="the NFS server's host name or IP address")
+    path: str = Field(description="the exported directory on the server")
+
+    @field_validator("server")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not v or any(c.isspace() or c == "/" for c in v):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
+
+    _path = field_validator("path")(_absolute_path)
+
+
+class VolumeSpec(_Strict):
+    """Storage mounted into the pods that run ranks: exactly one of `pvc`, `nfs` or `host_path`."""
+
+    name: str = Field(description="the volume's name in the pod (lower-case letters, digits, '-')")
+    mount_path: str = Field(description="where the ranks see it (absolute)")
+    read_only: bool = False
+    pvc: Optional[str] = Field(default=None, description="a PersistentVolumeClaim in the job's namespace "
+                                                         "(ReadWriteMany when several workers share it)")
+    nfs: Optional[NFSVolumeSpec] = None
+    host_path: Optional[str] = Field(default=None, description="an existing directory on every node the job uses")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        _k8s_valid(k8snames.dns1123_label, v)
+        if v in layout.RESERVED_VOLUMES:
+            raise ValueError(f"{v!r} is taken (hvdk8s and the MPI operator use: {', '.join(layout.RESERVED_VOLUMES)})")
+        return v
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, v: str) -> str:
+        _absolute_path(v)
+        taken = [m for m in layout.RESERVED_MOUNTS if layout.overlaps(v, m)]
+        if taken:
+            raise ValueError(f"{v} overlaps {taken[0]}, which hvdk8s or the MPI operator mounts")
+        hidden = [d for d in layout.IMAGE_DIRS if layout.inside(d, v)]
+        if hidden:
+            raise ValueError(f"{v} would hide the image's {hidden[0]}; mount below it or elsewhere")
+        if any(layout.inside(v, d) for d in layout.SYSTEM_DIRS):
+            raise ValueError(f"{v} is in a system directory ({', '.join(layout.SYSTEM_DIRS)})")
+        return v
+
+    @field_validator("pvc")
+    @classmethod
+    def _claim(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _k8s_valid(k8snames.dns1123_subdomain, v)
+
+    @field_validator("host_path")
+    @classmethod
+    def _host_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and _absolute_path(v) == "/":
+            raise ValueError("the node's whole file system cannot be a volume")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "VolumeSpec":
+        if sum(x is not None for x in (self.pvc, self.nfs, self.host_path)) != 1:
+            raise ValueError("give exactly one of `pvc` (a PersistentVolumeClaim), `nfs` {server, path} or "
+                             "`host_path`")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "pvc" if self.pvc is not None else "nfs" if self.nfs is not None else "host_path"
+
+
+class TolerationSpec(_Strict):
+    """A Kubernetes toleration: lets pods run on nodes with a matching taint."""
+
+    key: Optional[str] = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: Optional[str] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    toleration_seconds: Optional[int] = Field(default=None, ge=0, description="NoExecute only: how long to stay")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _k8s_valid(k8snames.qualified_name, v)
+
+    @model_validator(mode="after")
+    def _as_the_api_server_requires(self) -> "TolerationSpec":
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without `key` must have operator Exists (it tolerates every taint)")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no `value`")
+        if self.operator == "Equal" and self.value is not None:
+            _k8s_valid(k8snames.label_value, self.value)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("toleration_seconds needs effect NoExecute")
+        return self
+
+
+class LauncherSpec(_Strict):
+    """Where the launcher pod (mpirun, no GPU) may run."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[TolerationSpec] = Field(default_factory=list)
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, v: dict) -> dict:
+        return _label_map(v)
+
+
+class SchedulingPolicySpec(_Strict):
+    """Gang scheduling by the MPI operator's Volcano or scheduler-plugins integration (enabled in the operator
+    with --gang-scheduling): every pod of the job is placed at once, or none is."""
+
+    queue: Optional[str] = Field(default=None, description="Volcano queue")
+    priority_class: Optional[str] = Field(default=None, description="the PodGroup's PriorityClass (Volcano)")
+    schedule_timeout_seconds: Optional[int] = Field(default=None, ge=1, le=INT32_MAX,
+                                                    description="how long to wait for the gang (scheduler-plugins)")
+
+    @field_validator("priority_class")
+    @classmethod
+    def _priority_class(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _k8s_valid(k8snames.dns1123_subdomain, v)
+
+
+def _label_map(v: dict) -> dict:
+    problems = k8snames.labels(v)
+    if problems:
+        raise ValueError("; ".join(p for _, p in problems))
+    return v
+
+
+PodSecurityLevel = Literal["restricted", "baseline", "privileged"]
+
 
 class KubernetesSpec(_Strict):
     """Where and how the job runs on a cluster (read by `hvdk8s render` and `hvdk8s launch`)."""
@@ -248,14 +471,29 @@ class KubernetesSpec(_Strict):
     secret_env: dict[str, SecretRef] = Field(default_factory=dict,
                                             description="environment from Secrets, by reference only")
     node_selector: dict[str, str] = Field(default_factory=dict)
-    run_as_user: int = Field(default=1000, ge=1, description="non-root uid of the image's MPI user")
+    run_as_user: int = Field(default=layout.MPI_UID, ge=1, description="non-root uid of the image's MPI user")
     cache_dir: str = Field(default="/var/cache/hvdk8s", description="node-local dataset cache (hostPath)")
     cache_quota: Optional[ByteQuantity] = Field(default=None, description="evict least recently used datasets "
                                                                       "beyond this size")
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"
-    ttl_seconds_after_finished: Optional[int] = Field(default=None, ge=0)
-    backoff_limit: Optional[int] = Field(default=None, ge=0)
-    active_deadline_seconds: Optional[int] = Field(default=None, ge=1)
+    ttl_seconds_after_finished: Optional[int] = Field(default=None, ge=0, le=INT32_MAX)
+    backoff_limit: Optional[int] = Field(default=None, ge=0, le=INT32_MAX)
+    active_deadline_seconds: Optional[int] = Field(default=None, ge=1, le=2**63 - 1)
+    volumes: list[VolumeSpec] = Field(default_factory=list, description="PersistentVolumeClaims, NFS exports or "
+                                      "node directories mounted where the ranks run (checkpoints, datasets)")
+    pod_security: Optional[PodSecurityLevel] = Field(
+        default=None, description="the Pod Security level the namespace enforces: render refuses a job whose "
+                                  "pods it would reject")
+    priority_class: Optional[str] = Field(default=None, description="PriorityClass of the launcher and workers")
+    scheduler_name: Optional[str] = Field(default=None, description="a scheduler other than the default one")
+    scheduling_policy: Optional[SchedulingPolicySpec] = Field(
+        default=None, description="gang scheduling (Volcano or scheduler-plugins, set up in the MPI operator)")
+    tolerations: list[TolerationSpec] = Field(default_factory=list, description="more tolerations for the workers")
+    launcher: LauncherSpec = Field(default_factory=LauncherSpec)
+    run_launcher_as_worker: bool = Field(default=False, description="single-worker jobs: the launcher pod runs the "
+                                                                    "ranks itself (no worker pod, no ssh)")
+    worker_wait_seconds: int = Field(default=900, ge=10, le=86400,
+                                     description="how long the launcher waits for every worker's sshd to answer")
 
     @field_validator("env", "secret_env")
     @classmethod
@@ -264,6 +502,85 @@ class KubernetesSpec(_Strict):
         if bad:
             raise ValueError(f"not valid environment variable names: {', '.join(bad)}")
         return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return _k8s_valid(k8snames.dns1123_label, v)
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_label(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _k8s_valid(k8snames.label_value, v)  # the kueue.x-k8s.io/queue-name label
+
+    @field_validator("service_account", "priority_class", "scheduler_name")
+    @classmethod
+    def _object_name(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _k8s_valid(k8snames.dns1123_subdomain, v)
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secret_names(cls, v: list) -> list:
+        for name in v:
+            _k8s_valid(k8snames.dns1123_subdomain, name)
+        return v
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, v: dict) -> dict:
+        return _label_map(v)
+
+    @field_validator("run_as_user")
+    @classmethod
+    def _image_user(cls, v: int) -> int:
+        # sshd and ssh look the uid up in the image's /etc/passwd, read ~/.sshd_config from the user's home
+        # (mode 0750) and write the pid file there: only the uid the image creates can do all three.
+        if v != layout.MPI_UID:
+            raise ValueError(f"the image's MPI user (mpiuser) is uid {layout.MPI_UID}: sshd and ssh need the "
+                             "uid in /etc/passwd and its home; another uid needs an image built for it")
+        return v
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: str) -> str:
+        _absolute_path(v)
+        clash = [d for d in (*layout.RESERVED_MOUNTS, *layout.IMAGE_DIRS) if layout.overlaps(v, d)]
+        if v == "/" or clash or any(layout.inside(v, d) for d in layout.SYSTEM_DIRS):
+            raise ValueError(f"{v} cannot be the dataset cache (it overlaps {clash[0] if clash else 'the system'})")
+        return v
+
+    @field_validator("volumes")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        for attr in ("name", "mount_path"):
+            seen: dict = {}
+            for i, volume in enumerate(v):
+                value = getattr(volume, attr)
+                if value in seen:
+                    raise ValueError(f"volumes {seen[value]} and {i} have the same {attr} {value!r}")
+                seen[value] = i
+        return v
+
+    @model_validator(mode="after")
+    def _volumes_beside_the_cache(self) -> "KubernetesSpec":
+        for i, volume in enumerate(self.volumes):
+            if layout.overlaps(volume.mount_path, self.cache_dir):
+                raise ValueError(f"volumes[{i}].mount_path {volume.mount_path} overlaps cache_dir {self.cache_dir}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_scheduler(self) -> "KubernetesSpec":
+        if self.scheduler_name and self.scheduling_policy is not None:
+            raise ValueError("scheduler_name and scheduling_policy: with gang scheduling the MPI operator sets the "
+                             "scheduler (Volcano or scheduler-plugins) and overwrites scheduler_name; give one")
+        return self
+
+    @model_validator(mode="after")
+    def _env_once(self) -> "KubernetesSpec":
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"{', '.join(both)} in both env and secret_env: a variable comes from one of them")
+        return self
 
 
 class EntrypointSpec(_Strict):

@@ -57,6 +57,7 @@ _POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16
 def init(threads_per_rank: Optional[int] = None) -> None:
     """Start Horovod and give this rank its share of the machine: on GPU the device of the local rank
     (with memory growth), on CPU `threads_per_rank` intra-op threads (default: cores / local ranks)."""
+    _adapter.die_with_parent()
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:

@@ -43,6 +43,7 @@ def init(threads_per_rank: Optional[int] = None) -> None:
 
     GPU: the device of the local rank. CPU: `threads_per_rank` intra-op threads (default: the cores
     divided among the ranks on this node, at least one), so N ranks do not fight over N*cores threads."""
+    _adapter.die_with_parent()
     hvd.init()
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())

@@ -1,24 +1,40 @@
-"""The node-local dataset cache on a cluster: the hostPath volume every worker mounts, the init
-containers that fill it before training, and a DaemonSet that pre-warms the nodes' caches.
+"""The node-local dataset cache on a cluster: the hostPath volume the pods of a job with a cached dataset
+mount, the init containers that fill it before training, and a DaemonSet that pre-warms the nodes' caches.
 
-The cache directory is a hostPath shared by the jobs on a node, so a dataset is synced once per node
-and reused by later jobs (`hvdk8s cache sync` skips what is already there and verified).
+A dataset is synced once per node and namespace and reused by later jobs of that namespace (`hvdk8s
+cache sync` skips what is already there and verified). Each namespace has its own directory on the node,
+`<cache_dir>/<namespace>`, and a pod mounts only that one (at cache_dir), so a job cannot see, let alone
+overwrite, another namespace's datasets. Jobs without a cached dataset get no hostPath at all.
 """
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from hvdk8s.spec import JobSpec
 
-VOLUME = "dataset-cache"
+from . import layout, security, volumes
+
+VOLUME = layout.CACHE_VOLUME
+
+
+def node_dir(spec: JobSpec) -> str:
+    """The directory on the node that holds this job's namespace's datasets."""
+    return posixpath.join(spec.kubernetes.cache_dir, spec.kubernetes.namespace)
 
 
 def cache_volume(spec: JobSpec) -> dict[str, Any]:
-    return {"name": VOLUME, "hostPath": {"path": spec.kubernetes.cache_dir, "type": "DirectoryOrCreate"}}
+    return {"name": VOLUME, "hostPath": {"path": node_dir(spec), "type": "DirectoryOrCreate"}}
 
 
 def cache_mount(spec: JobSpec) -> dict[str, Any]:
     return {"name": VOLUME, "mountPath": spec.kubernetes.cache_dir}
+
+
+def source_volume(spec: JobSpec):
+    """The job volume a local dataset path is synced from (None for s3:// and http(s):// sources)."""
+    d = spec.cached_dataset
+    return None if d is None or d.remote else volumes.covering(spec, d.path)
 
 
 def sync_command(spec: JobSpec) -> list[str]:
@@ -45,27 +61,37 @@ def _source_env(spec: JobSpec) -> list[dict[str, Any]]:
 def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, Any]]:
     """Containers that run before a worker (or warm pod) starts: none unless the dataset is cached.
 
-    The kubelet creates a missing hostPath owned by root; the first container hands it to the
-    non-root MPI user with CAP_CHOWN alone (not privileged), the second syncs the dataset as that user."""
+    The kubelet creates a missing hostPath directory owned by root; the first container hands it to the
+    non-root MPI user with CAP_CHOWN alone (root, but not privileged: such jobs need the privileged Pod
+    Security level for their hostPath anyway), the second syncs the dataset as that user."""
     if spec.cached_dataset is None:
         return []
     k8s = spec.kubernetes
     image = {"image": spec.image, "imagePullPolicy": k8s.image_pull_policy}
     source_env = _source_env(spec)
-    drop_all = {"privileged": False, "allowPrivilegeEscalation": False}
+    source = source_volume(spec)
+    sync_mounts = [cache_mount(spec)] + ([volumes.mount(source, read_only=True)] if source is not None else [])
     return [
         {"name": "cache-permissions", **image,
          "command": ["chown", f"{k8s.run_as_user}:{k8s.run_as_user}", k8s.cache_dir],
          "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
-         "securityContext": {**drop_all, "runAsUser": 0, "runAsNonRoot": False,
-                             "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
+         "securityContext": security.root_with("CHOWN"),
          "volumeMounts": [cache_mount(spec)]},
         {"name": VOLUME, **image, "command": sync_command(spec),
          **({"env": source_env} if source_env else {}),
          "resources": resources,
-         "securityContext": {**drop_all, "capabilities": {"drop": ["ALL"]}},
-         "volumeMounts": [cache_mount(spec)]},
+         "securityContext": security.container(),
+         "volumeMounts": sync_mounts},
     ]
+
+
+def pod_volumes(spec: JobSpec, with_source: bool) -> list[dict[str, Any]]:
+    """The cache volume of a job with a cached dataset, and (WITH_SOURCE, for pods that do not mount the
+    job's volumes anyway) the volume a local dataset is synced from."""
+    if spec.cached_dataset is None:
+        return []
+    source = source_volume(spec) if with_source else None
+    return [cache_volume(spec)] + ([volumes.pod_volume(source)] if source is not None else [])
 
 
 def warm_daemonset(spec: JobSpec, pod_placement: dict[str, Any]) -> dict[str, Any]:
@@ -80,12 +106,10 @@ def warm_daemonset(spec: JobSpec, pod_placement: dict[str, Any]) -> dict[str, An
     idle = {"name": "warm", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
             "command": ["sleep", "infinity"],
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}},
-            "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"]}}}
-    pod = {"securityContext": {"runAsUser": spec.kubernetes.run_as_user, "runAsGroup": spec.kubernetes.run_as_user,
-                               "runAsNonRoot": True},
+            "securityContext": security.container()}
+    pod = {"securityContext": security.pod(spec.kubernetes),
            "initContainers": init_containers(spec, {"requests": requests, "limits": requests}),
-           "containers": [idle], "volumes": [cache_volume(spec)], **pod_placement}
+           "containers": [idle], "volumes": pod_volumes(spec, with_source=True), **pod_placement}
     return {"apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": name, "namespace": spec.kubernetes.namespace,
                          "labels": {"app.kubernetes.io/managed-by": "hvdk8s", **labels}},

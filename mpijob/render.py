@@ -17,28 +17,29 @@ from typing import Any, Mapping
 import yaml
 
 from hvdk8s.atomic import atomic_write
-from hvdk8s.entrypoint import cluster_argv
-from hvdk8s.quantity import parse_quantity
-from hvdk8s.spec import JOB_ENV, JobSpec, dump_job
+from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
+from hvdk8s.spec import JobSpec, dump_job
 
-from . import cache, network
+from . import cache, checks, layout, network, podsecurity, scheduling, security, volumes
+from .environment import JOB_FILE, forwarded, rank_env  # noqa: F401  (rank_env: part of this module's API)
 from .topology import Topology, plan
 
 API_VERSION = "kubeflow.org/v2beta1"
 SSH_PORT = 2222
-JOB_DIR = "/etc/hvdk8s"
-JOB_FILE = f"{JOB_DIR}/job.yaml"
-MPI_USER_HOME = "/home/mpiuser"
+JOB_DIR = layout.JOB_DIR
+MPI_USER_HOME = layout.MPI_USER_HOME
 # The image's sshd, run by the non-root MPI user with its own config (see Dockerfile.gpu).
 SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{MPI_USER_HOME}/.sshd_config"]
 LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # mpirun only; no GPU
 LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
+POD_SECURITY_ANNOTATION = "hvdk8s.io/pod-security"  # the strictest Pod Security level all of the job's pods meet
 FILES = ("configmap.yaml", "mpijob.yaml")
 
 
 def render(spec: JobSpec, files: Mapping[str, str] = {}) -> list[dict[str, Any]]:
     """The objects to apply, in apply order: the job-file ConfigMap, then the MPIJob. `files` are
-    carried in the ConfigMap beside the job (the entrypoint script: `hvdk8s.entrypoint.carried_files`)."""
+    carried in the ConfigMap beside the job (the entrypoint script: `hvdk8s.entrypoint.carried_files`).
+    A job that cannot run on a cluster as written raises `checks.ClusterJobError` (a JobFileError)."""
     return [job_configmap(spec, files), mpijob(spec)]
 
 
@@ -52,34 +53,38 @@ def job_configmap(spec: JobSpec, files: Mapping[str, str] = {}) -> dict[str, Any
 
 
 def mpijob(spec: JobSpec) -> dict[str, Any]:
+    checks.raise_for(spec)
     topo = plan(spec.resources)
     k8s = spec.kubernetes
     metadata = _metadata(spec, spec.name)
     if k8s.queue:
         metadata["labels"]["kueue.x-k8s.io/queue-name"] = k8s.queue
-    return {
-        "apiVersion": API_VERSION, "kind": "MPIJob", "metadata": metadata,
-        "spec": {
-            "slotsPerWorker": topo.slots_per_worker,
-            "runPolicy": run_policy(spec),
-            "mpiImplementation": "OpenMPI",
-            "launcherCreationPolicy": "WaitForWorkersReady",  # no mpirun before every sshd answers
-            "sshAuthMountPath": f"{MPI_USER_HOME}/.ssh",
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(spec, topo)},
-                "Worker": {"replicas": topo.workers, "restartPolicy": "OnFailure",
-                           "template": worker_template(spec, topo)},
-            },
-        },
+    metadata["annotations"] = {POD_SECURITY_ANNOTATION: podsecurity.job_level(spec)}
+    replicas: dict[str, Any] = {
+        "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(spec, topo)}}
+    if not k8s.run_launcher_as_worker:  # the operator's runLauncherAsWorker jobs may have no Worker at all
+        replicas["Worker"] = {"replicas": topo.workers, "restartPolicy": "OnFailure",
+                              "template": worker_template(spec, topo)}
+    job_spec: dict[str, Any] = {
+        "slotsPerWorker": topo.slots_per_worker,
+        "runPolicy": run_policy(spec, topo),
+        "mpiImplementation": "OpenMPI",
+        "launcherCreationPolicy": scheduling.launcher_creation_policy(spec),
+        "sshAuthMountPath": layout.SSH_AUTH_MOUNT,
     }
+    if k8s.run_launcher_as_worker:
+        job_spec["runLauncherAsWorker"] = True
+    job_spec["mpiReplicaSpecs"] = replicas
+    return {"apiVersion": API_VERSION, "kind": "MPIJob", "metadata": metadata, "spec": job_spec}
 
 
-def run_policy(spec: JobSpec) -> dict[str, Any]:
+def run_policy(spec: JobSpec, topo: Topology) -> dict[str, Any]:
     k8s = spec.kubernetes
     policy: dict[str, Any] = {"cleanPodPolicy": k8s.clean_pod_policy}
     for key, value in (("ttlSecondsAfterFinished", k8s.ttl_seconds_after_finished),
                        ("backoffLimit", k8s.backoff_limit),
-                       ("activeDeadlineSeconds", k8s.active_deadline_seconds)):
+                       ("activeDeadlineSeconds", k8s.active_deadline_seconds),
+                       ("schedulingPolicy", scheduling.gang(spec, topo))):
         if value is not None:
             policy[key] = value
     if k8s.queue:
@@ -87,42 +92,43 @@ def run_policy(spec: JobSpec) -> dict[str, Any]:
     return policy
 
 
-def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
-    """Plain environment of every rank (secret-backed variables are added by reference elsewhere)."""
-    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text", JOB_ENV: JOB_FILE}
-    if topo.gpus_per_worker:
-        env.update(network.nccl_env(spec.resources.rdma, topo))
-    else:
-        # Whole cores per rank, in exact decimal arithmetic (a float is off for quantities like .1Ei).
-        env["OMP_NUM_THREADS"] = str(max(1, int(parse_quantity(spec.resources.cpu) // topo.slots_per_worker)))
-    if topo.hierarchical_allreduce:
-        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
-    if spec.cached_dataset is not None:
-        env["HVDK8S_CACHE_DIR"] = spec.kubernetes.cache_dir  # where the init container synced the dataset
-    env.update(spec.kubernetes.env)
-    return env
-
-
 def launcher_command(spec: JobSpec, topo: Topology) -> list[str]:
-    forwarded = ["PATH", "LD_LIBRARY_PATH", *sorted(rank_env(spec, topo)), *sorted(spec.kubernetes.secret_env)]
+    """Wait for every worker's sshd (bounded), then mpirun the ranks over them."""
+    wait = [PYTHON_IN_IMAGE, "-m", "hvdk8s.launch.workers", "--port", str(SSH_PORT),
+            "--timeout", str(spec.kubernetes.worker_wait_seconds), "--"]
     cmd = ["mpirun", "-np", str(topo.ranks), "-bind-to", "none", "-map-by", "slot",
-           "-mca", "pml", "ob1", "-mca", "btl", "^openib"]
-    for name in forwarded:
+           "-mca", "pml", "ob1", "-mca", "btl", "^openib", *network.mpirun_interface_args()]
+    for name in forwarded(spec, topo):
         cmd += ["-x", name]
+    cmd += network.rank_prefix(spec.resources.rdma)
     if spec.entrypoint is not None:
-        return cmd + cluster_argv(spec, JOB_DIR)
-    return cmd + ["hvdk8s", "train", JOB_FILE]
+        return wait + cmd + cluster_argv(spec, JOB_DIR)
+    return wait + cmd + ["hvdk8s", "train", JOB_FILE]
 
 
 def launcher_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
+    if spec.kubernetes.run_launcher_as_worker:
+        # The launcher pod is the job's one worker: its resources, volumes and placement, and mpirun starts the
+        # ranks locally (OpenMPI sees its own hostfile entry as this host), so neither sshd nor a probe.
+        template = worker_template(spec, topo)
+        worker = template["spec"]["containers"][0]
+        launcher = {"name": "launcher", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
+                    "command": launcher_command(spec, topo), "env": _env(spec, topo),
+                    **{key: worker[key] for key in ("resources", "securityContext", "volumeMounts")}}
+        template["spec"]["containers"] = [launcher]
+        template["metadata"]["labels"] = _labels(spec, "launcher")
+        del template["spec"]["affinity"]
+        return template
     container = {
         "name": "launcher", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
         "command": launcher_command(spec, topo),
         "env": _env(spec, topo),
         "resources": {"requests": dict(LAUNCHER_RESOURCES), "limits": dict(LAUNCHER_RESOURCES)},
-        "securityContext": _security_context([]),
+        "securityContext": security.container(),
     }
-    return {"metadata": {"labels": _labels(spec, "launcher")}, "spec": _pod_spec(spec, [container], [])}
+    pod = _pod_spec(spec, [container], [])
+    pod.update(scheduling.launcher_placement(spec))
+    return {"metadata": {"labels": _labels(spec, "launcher")}, "spec": pod}
 
 
 def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
@@ -130,29 +136,32 @@ def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
     amounts = {"cpu": spec.resources.cpu, "memory": spec.resources.memory, **network.worker_resources(rdma)}
     if topo.gpus_per_worker:
         amounts["nvidia.com/gpu"] = str(topo.gpus_per_worker)
+    cached = spec.cached_dataset is not None
     container = {
         "name": "worker", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
         "command": list(SSHD_COMMAND),
         "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 2, "periodSeconds": 5},
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},  # Guaranteed QoS
-        "securityContext": _security_context(network.capabilities(rdma)),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "job", "mountPath": JOB_DIR, "readOnly": True},
-                         cache.cache_mount(spec)],
+        "securityContext": security.container(),
+        "volumeMounts": [{"name": layout.SHM_VOLUME, "mountPath": layout.SHM_DIR},
+                         {"name": layout.JOB_VOLUME, "mountPath": JOB_DIR, "readOnly": True},
+                         *([cache.cache_mount(spec)] if cached else []),
+                         *volumes.mounts(spec)],
     }
-    volumes = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
-        {"name": "job", "configMap": {"name": f"{spec.name}-job"}},
-        cache.cache_volume(spec),  # node-local, shared by the jobs on a node: synced once per node
+    pod_volumes = [
+        {"name": layout.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        {"name": layout.JOB_VOLUME, "configMap": {"name": f"{spec.name}-job"}},
+        *cache.pod_volumes(spec, with_source=False),  # only with a cached dataset: a hostPath, synced once per node
+        *volumes.pod_volumes(spec),
     ]
-    pod = _pod_spec(spec, [container], volumes)
+    pod = _pod_spec(spec, [container], pod_volumes)
     sync_resources = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
     inits = cache.init_containers(spec, {"requests": dict(sync_resources), "limits": dict(sync_resources)})
     if inits:
         pod["initContainers"] = inits
-    pod["affinity"] = _spread_workers(spec, topo)
-    pod.update(worker_placement(spec, topo))
+    pod["affinity"] = scheduling.spread_workers(_labels(spec, "worker"), topo)
+    pod.update(scheduling.worker_placement(spec, topo))
     template: dict[str, Any] = {"metadata": {"labels": _labels(spec, "worker")}, "spec": pod}
     annotations = network.worker_annotations(rdma)
     if annotations:
@@ -162,43 +171,25 @@ def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
 
 def worker_placement(spec: JobSpec, topo: Topology) -> dict[str, Any]:
     """nodeSelector and tolerations of the nodes a job's workers (and its cache warm-up) use."""
-    placement: dict[str, Any] = {}
-    selector = dict(spec.kubernetes.node_selector)
-    if spec.resources.gpu_product:
-        selector["nvidia.com/gpu.product"] = spec.resources.gpu_product
-    if selector:
-        placement["nodeSelector"] = dict(sorted(selector.items()))
-    if topo.gpus_per_worker:
-        placement["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return placement
+    return scheduling.worker_placement(spec, topo)
 
 
 def warm_daemonset(spec: JobSpec) -> dict[str, Any]:
     """The DaemonSet that pre-fills the node-local dataset cache on the job's nodes."""
+    checks.raise_for(spec)
     return cache.warm_daemonset(spec, worker_placement(spec, plan(spec.resources)))
 
 
-def _spread_workers(spec: JobSpec, topo: Topology) -> dict[str, Any]:
-    """GPU jobs: at most one worker per node (required). CPU jobs: spread where possible."""
-    term = {"labelSelector": {"matchLabels": _labels(spec, "worker")}, "topologyKey": "kubernetes.io/hostname"}
-    if topo.one_worker_per_node:
-        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 100, "podAffinityTerm": term}]}}
-
-
-def _pod_spec(spec: JobSpec, containers: list, volumes: list) -> dict[str, Any]:
+def _pod_spec(spec: JobSpec, containers: list, pod_volumes: list) -> dict[str, Any]:
     k8s = spec.kubernetes
-    pod: dict[str, Any] = {
-        "securityContext": {"runAsUser": k8s.run_as_user, "runAsGroup": k8s.run_as_user, "runAsNonRoot": True},
-        "containers": containers,
-    }
-    if volumes:
-        pod["volumes"] = volumes
+    pod: dict[str, Any] = {"securityContext": security.pod(k8s), "containers": containers}
+    if pod_volumes:
+        pod["volumes"] = pod_volumes
     if k8s.service_account:
         pod["serviceAccountName"] = k8s.service_account
     if k8s.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": name} for name in k8s.image_pull_secrets]
+    pod.update(scheduling.priority_and_scheduler(spec))
     return pod
 
 
@@ -207,13 +198,6 @@ def _env(spec: JobSpec, topo: Topology) -> list[dict[str, Any]]:
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
             for name, ref in sorted(spec.kubernetes.secret_env.items())]
     return env
-
-
-def _security_context(add_capabilities: list[str]) -> dict[str, Any]:
-    caps: dict[str, Any] = {"drop": ["ALL"]}
-    if add_capabilities:
-        caps["add"] = add_capabilities
-    return {"privileged": False, "allowPrivilegeEscalation": False, "capabilities": caps}
 
 
 def _labels(spec: JobSpec, role: str) -> dict[str, str]:

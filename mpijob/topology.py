@@ -20,11 +20,6 @@ class Topology:
         return self.workers * self.slots_per_worker
 
     @property
-    def hierarchical_allreduce(self) -> bool:
-        """Reduce inside each node first, then across nodes: pays with several GPUs on several nodes."""
-        return self.gpus_per_worker > 1 and self.workers > 1
-
-    @property
     def one_worker_per_node(self) -> bool:
         return self.gpus_per_worker > 0
 

@@ -1,13 +1,21 @@
 """Client-side validation of Kubeflow MPIJobs (kubeflow.org/v2beta1).
 
-Three layers, each reporting every problem as a `Problem(path, message)`:
+The aim is to judge as the cluster does: accept what the API server and mpi-operator v0.8.2 accept, reject
+what they reject, each with a field path. Layers, each reporting every problem as a `Problem(path, message)`:
 
 * the fields: either an OpenAPI v3 structural schema (the `openAPIV3Schema` of the MPIJob CRD a cluster
   serves, see `load_crd_schema` / `crd_schema_from_cluster`) or hvdk8s's own compact description of the
-  v2beta1 fields (`BUILTIN_SCHEMA`). Unknown fields are errors: a 1.20-era API server drops them silently,
-  so a typo would otherwise vanish without a word;
-* the pod templates, as full v1 Pods, against the Kubernetes JSON schemas that kubernetes-validate bundles;
-* the rules mpi-operator enforces in its controller (pkg/apis/kubeflow/validation) but no schema encodes.
+  v2beta1 fields (`BUILTIN_SCHEMA`), applied as the API server applies a CRD's: nulls of non-nullable
+  fields are pruned (or defaulted) first, null list items are errors, `x-kubernetes-list-type` map and
+  set lists must not repeat a key. Unknown fields are errors: a 1.20-era API server drops them silently,
+  and newer kubectl (strict field validation) refuses them;
+* the object's metadata as the API server checks every object's (name or generateName, labels, annotations);
+* the rules mpi-operator enforces in its controller (pkg/apis/kubeflow/validation), applied after its
+  defaults (SetDefaults_MPIJob: a Launcher without replicas has 1, a Worker's default 0 is refused);
+* the pod templates, as the Pods the operator makes of them: against the Kubernetes JSON schemas that
+  kubernetes-validate bundles, and the API server's Pod rules no schema encodes (`podrules`);
+* hvdk8s's own policies, marked `Problem.policy` and left out with `policies=False`: no privileged
+  containers, no replica types or launcherCreationPolicy values the operator would silently ignore.
 """
 from __future__ import annotations
 
@@ -17,13 +25,15 @@ import json
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Union
 
 import yaml
 
-from hvdk8s import quantity
+from hvdk8s import k8snames, quantity
+
+from . import layout, podrules
+from .problems import POLICY, Problem, child as _child, duplicates, repeated
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -32,24 +42,7 @@ CRD_NAME = "mpijobs.kubeflow.org"
 K8S_VERSION = "1.37"
 
 QUANTITY_PATTERN = quantity.PATTERN  # the one grammar, also as the built-in schema's pattern
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
-
-
-@dataclass(frozen=True, order=True)
-class Problem:
-    path: str  # dotted, list indices in brackets; "" is the whole object
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path or '(top level)'}: {self.message}"
-
-
-def _child(path: str, key: Any) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else str(key)
 
 
 def _json_type(value: Any) -> str:
@@ -102,6 +95,7 @@ def validate_schema(obj: Any, schema: dict, path: str = "") -> list[Problem]:
         if "items" in schema:
             for i, item in enumerate(obj):
                 problems += validate_schema(item, schema["items"], _child(path, i))
+        problems += _list_type_problems(obj, schema, path)
         if len(obj) < schema.get("minItems", 0):
             problems.append(Problem(path, f"must have at least {schema['minItems']} items"))
         if "maxItems" in schema and len(obj) > schema["maxItems"]:
@@ -125,13 +119,39 @@ def validate_schema(obj: Any, schema: dict, path: str = "") -> list[Problem]:
     return problems
 
 
+def _field_schema(schema: dict, key: str) -> dict | None:
+    extra = schema.get("additionalProperties")
+    return schema.get("properties", {}).get(key) or (extra if isinstance(extra, dict) else None)
+
+
+def _pruned(value: Any, field_schema: dict | None) -> bool:
+    """Whether the API server drops VALUE before validating: a null where the schema allows none (a default,
+    if the field has one, takes its place)."""
+    return value is None and field_schema is not None and not field_schema.get("nullable")
+
+
+def _list_type_problems(items: list, schema: dict, path: str) -> list[Problem]:
+    kind = schema.get("x-kubernetes-list-type")
+    if kind == "set":
+        return repeated(items, path)
+    if kind == "map":
+        item_properties = (schema.get("items") or {}).get("properties", {})
+        defaults = {k: item_properties[k]["default"] for k in schema.get("x-kubernetes-list-map-keys", [])
+                    if "default" in item_properties.get(k, {})}
+        return duplicates(items, schema.get("x-kubernetes-list-map-keys", []), path, defaults)
+    return []
+
+
 def _validate_object(obj: dict, schema: dict, path: str) -> list[Problem]:
-    problems = [Problem(_child(path, key), "required field is missing")
-                for key in schema.get("required", ()) if key not in obj]
     properties = schema.get("properties", {})
+    present = {k for k, v in obj.items() if not _pruned(v, _field_schema(schema, k))}
+    problems = [Problem(_child(path, key), "required field is missing")
+                for key in schema.get("required", ()) if key not in present and "default" not in properties.get(key, {})]
     extra = schema.get("additionalProperties", False)
     for key, value in obj.items():
         where = _child(path, key)
+        if key not in present:
+            continue
         if key == "metadata" and path == "" and "properties" not in properties.get(key, {}):
             # A CRD's root metadata is always ObjectMeta, which its schema leaves open (`type: object`).
             problems += _validate_object_meta(value, where)
@@ -145,13 +165,27 @@ def _validate_object(obj: dict, schema: dict, path: str) -> list[Problem]:
 
 
 def _validate_object_meta(meta: Any, path: str) -> list[Problem]:
+    """ObjectMeta as the API server checks it on every object (apimachinery ValidateObjectMeta)."""
     if not isinstance(meta, dict):
         return [Problem(path, f"expected object, got {_json_type(meta)}")]
-    name = meta.get("name")
-    if name is not None and not (isinstance(name, str) and len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name)):
-        return [Problem(_child(path, "name"), f"{name!r} is not a DNS-1123 subdomain (lower case alphanumerics, "
-                                              "'-' and '.', at most 253 characters)")]
-    return []
+    problems = []
+    for key, check in (("name", k8snames.dns1123_subdomain), ("generateName", k8snames.dns1123_subdomain),
+                       ("namespace", k8snames.dns1123_label)):
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            problems.append(Problem(_child(path, key), f"expected string, got {_json_type(value)}"))
+            continue
+        if key == "generateName" and value.endswith("-"):
+            value = value[:-1] + "a"  # a prefix may end in '-': the server appends 5 random characters
+        problems += [Problem(_child(path, key), p) for p in check(value)]
+    for key in ("labels", "annotations"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            problems.append(Problem(_child(path, key), f"expected object, got {_json_type(meta[key])}"))
+    problems += [Problem(_child(_child(path, "labels"), key), p) for key, p in k8snames.labels(meta.get("labels") or {})]
+    problems += podrules.annotation_problems(meta.get("annotations"), _child(path, "annotations"))
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -299,14 +333,6 @@ def _pod_schema_problems(error: Any, path: str) -> list[Problem]:
     return [Problem(where, error.message)]
 
 
-def _containers(spec: dict, path: str) -> Iterable[tuple[dict, str]]:
-    for field in ("initContainers", "containers"):
-        items = spec.get(field)
-        for i, container in enumerate(items if isinstance(items, list) else []):
-            if isinstance(container, dict):
-                yield container, _child(_child(path, field), i)
-
-
 def pod_schema_available() -> bool:
     """Whether Pod specs can be checked (the optional kubernetes-validate package, `hvdk8s[validate]`)."""
     import importlib.util
@@ -314,59 +340,123 @@ def pod_schema_available() -> bool:
     return importlib.util.find_spec("kubernetes_validate") is not None
 
 
-def validate_pod_template(template: Any, path: str, k8s_version: str = K8S_VERSION) -> list[Problem]:
-    """TEMPLATE (a PodTemplateSpec at PATH) as a v1 Pod of Kubernetes K8S_VERSION, plus what hvdk8s forbids."""
+@functools.lru_cache(maxsize=4)
+def _pod_definitions(k8s_version: str) -> tuple[dict, dict]:
+    """(the Pod schema, its $defs) as kubernetes-validate bundles them."""
+    schema_dir = _k8s_schema_dir(k8s_version)
+    pod, definitions = (json.loads((schema_dir / name).read_text(encoding="utf-8"))
+                        for name in ("pod-v1.json", "_definitions.json"))
+    return pod, definitions["$defs"]
+
+
+def _list_types_in_pod(obj: Any, schema: dict, defs: dict, path: str) -> list[Problem]:
+    """The Pod schema's x-kubernetes-list-type rules (unique container names, ports, mounts...) over OBJ."""
+    while "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    problems: list[Problem] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            sub = _field_schema(schema, key)
+            if sub is not None:
+                problems += _list_types_in_pod(value, sub, defs, _child(path, key))
+    elif isinstance(obj, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            resolved = items
+            while "$ref" in resolved:
+                resolved = defs[resolved["$ref"].rsplit("/", 1)[-1]]
+            problems += _list_type_problems(obj, {**schema, "items": resolved}, path)
+            for i, item in enumerate(obj):
+                problems += _list_types_in_pod(item, items, defs, _child(path, i))
+    return problems
+
+
+def prune_nulls(obj: Any, path: str = "") -> tuple[Any, list[Problem]]:
+    """OBJ as the API server stores it under the MPIJob CRD, which has no nullable field: null values of
+    object fields dropped (a default, where the field has one, is valid in its place), and a Problem for
+    each null list item, which the server refuses."""
+    if isinstance(obj, dict):
+        out, problems = {}, []
+        for key, value in obj.items():
+            if value is not None:
+                out[key], found = prune_nulls(value, _child(path, key))
+                problems += found
+        return out, problems
+    if isinstance(obj, list):
+        items, problems = [], []
+        for i, value in enumerate(obj):
+            if value is None:
+                problems.append(Problem(_child(path, i), "must not be null"))
+            pruned, found = prune_nulls(value, _child(path, i))
+            items.append(pruned)
+            problems += found
+        return items, problems
+    return obj, []
+
+
+def _privileged(template: dict, path: str) -> list[Problem]:
+    spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+    problems = []
+    for field in podrules.CONTAINER_LISTS:
+        for i, container in enumerate(spec.get(field) if isinstance(spec.get(field), list) else []):
+            security = container.get("securityContext") if isinstance(container, dict) else None
+            if isinstance(security, dict) and security.get("privileged") is True:
+                problems.append(Problem(_child(_child(_child(path, "spec"), field), i) + ".securityContext.privileged",
+                                        POLICY + "privileged containers are refused (the API server and the "
+                                        "operator accept them; hvdk8s renders none)", policy=True))
+    return problems
+
+
+def validate_pod_template(template: Any, path: str, k8s_version: str = K8S_VERSION, *, pod_schema: bool = True,
+                          operator_volumes: dict[str, str] | None = None, policies: bool = True) -> list[Problem]:
+    """TEMPLATE (a PodTemplateSpec at PATH) as the v1 Pod the operator makes of it: the Pod schema of Kubernetes
+    K8S_VERSION (with POD_SCHEMA and kubernetes-validate installed), the API server's Pod rules, and (with
+    POLICIES) what hvdk8s refuses. OPERATOR_VOLUMES: {name: mount path} of the volumes the operator adds."""
     if not isinstance(template, dict):
         return [Problem(path, f"expected object, got {_json_type(template)}")]
-    pod = {**template, "apiVersion": "v1", "kind": "Pod"}  # same keys below the root, so paths carry over
-    problems = [problem for error in _pod_validator(k8s_version).iter_errors(pod)
-                for problem in _pod_schema_problems(error, path)]
-    spec = template.get("spec")
-    for container, where in _containers(spec if isinstance(spec, dict) else {}, _child(path, "spec")):
-        # The Pod schema leaves image optional (for templates other tools fill in); Pod creation requires it.
-        if not container.get("image"):
-            problems.append(Problem(_child(where, "image"), "required field is missing (Pods need an image)"))
-        security = container.get("securityContext")
-        if isinstance(security, dict) and security.get("privileged") is True:
-            problems.append(Problem(_child(where, "securityContext.privileged"),
-                                    "privileged containers are not allowed (hvdk8s renders none)"))
-        # The Pod schema takes any string as a quantity; the API server parses it.
-        resources = container.get("resources")
-        for kind in ("limits", "requests"):
-            amounts = resources.get(kind) if isinstance(resources, dict) else None
-            for name, amount in (amounts.items() if isinstance(amounts, dict) else ()):
-                try:
-                    if isinstance(amount, str):
-                        quantity.parse_quantity(amount)
-                except ValueError as e:
-                    problems.append(Problem(_child(where, f"resources.{kind}.{name}"), str(e)))
+    template, problems = prune_nulls(template, path)
+    if pod_schema:
+        pod = {**template, "apiVersion": "v1", "kind": "Pod"}  # same keys below the root, so paths carry over
+        problems += [problem for error in _pod_validator(k8s_version).iter_errors(pod)
+                     for problem in _pod_schema_problems(error, path)]
+        pod_root, defs = _pod_definitions(k8s_version)
+        problems += _list_types_in_pod(template, pod_root, defs, path)
+    problems += podrules.template_problems(template, path, operator_volumes)
+    if policies:
+        problems += _privileged(template, path)
     return problems
 
 
 # ---------------------------------------------------------------------------------------------------
-# mpi-operator's controller rules (applied to the object as written; the server fills defaults later)
+# mpi-operator's controller rules, after its defaults (SetDefaults_MPIJob), as syncHandler applies them
 
 REPLICA_TYPES = ("Launcher", "Worker")
 RESTART_POLICIES = ("Never", "OnFailure")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
 MANAGERS = ("kubeflow.org/mpi-operator", "kueue.x-k8s.io/multikueue")
+_GENERATED_SUFFIX = "xxxxx"  # the API server appends 5 random lower-case alphanumerics to generateName
+_GENERATE_NAME_MAX = 58  # ...after cutting the prefix to 63 - 5 characters
 
 
-def _controller_problems(job: dict) -> list[Problem]:
+def _d(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _controller_problems(job: dict, policies: bool) -> list[Problem]:
     problems: list[Problem] = []
     for key, allowed in (("apiVersion", API_VERSION), ("kind", KIND)):
         if key not in job:
             problems.append(Problem(key, "required field is missing"))
         elif job[key] != allowed:
             problems.append(Problem(key, _unsupported(job[key], [allowed])))
-    meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
-    if "name" not in meta:
-        problems.append(Problem("metadata.name", "required field is missing"))
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    meta = _d(job.get("metadata"))
+    if not meta.get("name") and not meta.get("generateName"):
+        problems.append(Problem("metadata.name", "required field is missing (or give metadata.generateName)"))
+    spec = _d(job.get("spec"))  # no spec: the operator sees every default, and no replica specs
 
     def check_choice(obj: dict, key: str, allowed: Iterable[str], path: str) -> None:
-        if key in obj and obj[key] not in allowed:
+        if obj.get(key) is not None and obj[key] not in allowed:
             problems.append(Problem(_child(path, key), _unsupported(obj[key], allowed)))
 
     def check_nonnegative(obj: dict, key: str, path: str) -> None:
@@ -374,72 +464,100 @@ def _controller_problems(job: dict) -> list[Problem]:
             problems.append(Problem(_child(path, key), "must be >= 0"))
 
     check_nonnegative(spec, "slotsPerWorker", "spec")
-    check_choice(spec, "launcherCreationPolicy", LAUNCHER_CREATION_POLICIES, "spec")
-    if spec.get("sshAuthMountPath") == "":
-        problems.append(Problem("spec.sshAuthMountPath", "must not be empty"))
-    run_policy = spec.get("runPolicy") if isinstance(spec.get("runPolicy"), dict) else {}
+    run_policy = _d(spec.get("runPolicy"))
     check_choice(run_policy, "cleanPodPolicy", CLEAN_POD_POLICIES, "spec.runPolicy")
     check_choice(run_policy, "managedBy", MANAGERS, "spec.runPolicy")
     for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
         check_nonnegative(run_policy, key, "spec.runPolicy")
+    # sshAuthMountPath "" is defaulted to /root/.ssh by the operator, so it passes.
+    policy = spec.get("launcherCreationPolicy")
+    if policies and policy is not None and policy not in LAUNCHER_CREATION_POLICIES:
+        problems.append(Problem("spec.launcherCreationPolicy", POLICY + _unsupported(policy, LAUNCHER_CREATION_POLICIES)
+                                + " (the CRD and the operator accept any value and treat it as WaitForWorkersReady)",
+                                policy=True))
 
     replica_specs = spec.get("mpiReplicaSpecs")
+    if replica_specs is None:
+        problems.append(Problem("spec.mpiReplicaSpecs", "required field is missing"))
     if not isinstance(replica_specs, dict):
-        return problems  # missing or mistyped: the schema says so
-    if "Launcher" not in replica_specs:
+        return problems  # mistyped: the schema says so
+    if replica_specs.get("Launcher") is None:
         problems.append(Problem("spec.mpiReplicaSpecs.Launcher",
                                 "required field is missing (an MPIJob needs a launcher)"))
     for rtype, rspec in replica_specs.items():
         path = _child("spec.mpiReplicaSpecs", rtype)
         if rtype not in REPLICA_TYPES:
-            problems.append(Problem(path, _unsupported(rtype, REPLICA_TYPES)))
+            if policies:
+                problems.append(Problem(path, POLICY + _unsupported(rtype, REPLICA_TYPES)
+                                        + " (the operator ignores other replica types)", policy=True))
             continue
         if not isinstance(rspec, dict):
             continue
         replicas = rspec.get("replicas")
-        if replicas is None:
-            problems.append(Problem(_child(path, "replicas"), "required field is missing"))
-        elif _is_int(replicas) and rtype == "Launcher" and replicas != 1:
+        if rtype == "Launcher" and _is_int(replicas) and replicas != 1:  # absent: defaulted to 1
             problems.append(Problem(_child(path, "replicas"), "must be 1 (one launcher)"))
-        elif _is_int(replicas) and rtype == "Worker" and replicas < 1:
+        elif rtype == "Worker" and replicas is None:
+            problems.append(Problem(_child(path, "replicas"), "required field is missing (the operator's default "
+                                                              "for a Worker, 0, is below its minimum of 1)"))
+        elif rtype == "Worker" and _is_int(replicas) and replicas < 1:
             problems.append(Problem(_child(path, "replicas"), "must be >= 1"))
-        check_choice(rspec, "restartPolicy", RESTART_POLICIES, path)
-        template = rspec.get("template") if isinstance(rspec.get("template"), dict) else {}
-        pod_spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
-        if not pod_spec.get("containers"):
+        if rspec.get("restartPolicy"):  # absent or "": defaulted (OnFailure for the launcher, Never for workers)
+            check_choice(rspec, "restartPolicy", RESTART_POLICIES, path)
+        if not _d(_d(rspec.get("template")).get("spec")).get("containers"):
             problems.append(Problem(_child(path, "template.spec.containers"), "must define at least one container"))
-
-    # Workers are Pods with hostnames `<name>-worker-<i>`, which must be DNS-1035 labels.
-    name = meta.get("name")
-    workers = replica_specs.get("Worker") if isinstance(replica_specs.get("Worker"), dict) else {}
-    count = workers.get("replicas") if _is_int(workers.get("replicas")) and workers["replicas"] > 0 else 1
-    hostname = f"{name}-worker-{count - 1}"
-    if isinstance(name, str) and not (len(hostname) <= 63 and _DNS1035_LABEL.fullmatch(hostname)):
-        problems.append(Problem("metadata.name", f"worker hostname {hostname!r} is not a DNS-1035 label "
-                                                 "(at most 63 characters, a-z, 0-9 and '-', starting with a letter)"))
+    problems += _hostname_problems(meta, replica_specs)
     return problems
+
+
+def _hostname_problems(meta: dict, replica_specs: dict) -> list[Problem]:
+    """Workers are Pods with hostnames `<name>-worker-<i>`, which must be DNS-1035 labels."""
+    name, field = meta.get("name"), "metadata.name"
+    if not isinstance(name, str) or not name:
+        name, field = meta.get("generateName"), "metadata.generateName"
+        if not isinstance(name, str) or not name:
+            return []
+        name = name[:_GENERATE_NAME_MAX] + _GENERATED_SUFFIX
+    workers = _d(replica_specs.get("Worker"))
+    count = workers["replicas"] if _is_int(workers.get("replicas")) and workers["replicas"] > 0 else 1
+    hostname = f"{name}-worker-{count - 1}"
+    if k8snames.dns1035_label(hostname):
+        return [Problem(field, f"worker hostname {hostname!r} is not a DNS-1035 label (at most 63 characters, "
+                               "a-z, 0-9 and '-', starting with a letter)")]
+    return []
+
+
+def _operator_volumes(spec: dict, rtype: str) -> dict[str, str]:
+    """{volume name: mount path on the first container} of what the operator adds to REPLICA's pods."""
+    added = {layout.OPERATOR_SSH_VOLUME: spec.get("sshAuthMountPath") or "/root/.ssh"}
+    if rtype == "Launcher":
+        added[layout.OPERATOR_CONFIG_VOLUME] = layout.OPERATOR_CONFIG_DIR
+    return added
 
 
 # ---------------------------------------------------------------------------------------------------
 # Entry points
 
-def validate_mpijob(obj: Any, *, schema: dict | None = None, pod_schema: bool = True) -> list[Problem]:
+def validate_mpijob(obj: Any, *, schema: dict | None = None, pod_schema: bool = True,
+                    policies: bool = True) -> list[Problem]:
     """Every problem of the MPIJob OBJ, sorted: against SCHEMA (a CRD openAPIV3Schema) or else BUILTIN_SCHEMA,
-    the controller rules, and (if POD_SCHEMA) each pod template as a v1 Pod."""
+    the object's metadata, the controller rules, each pod template as the Pod the operator creates (with
+    POD_SCHEMA, also against the v1 Pod schema), and with POLICIES, hvdk8s's own policies."""
     if not isinstance(obj, dict):
         return [Problem("", f"expected an MPIJob object, got {_json_type(obj)}")]
     problems = validate_schema(obj, BUILTIN_SCHEMA if schema is None else schema)
-    problems += _controller_problems(obj)
-    replica_specs = obj["spec"].get("mpiReplicaSpecs") if isinstance(obj.get("spec"), dict) else None
-    if pod_schema and isinstance(replica_specs, dict):
-        for rtype, rspec in replica_specs.items():
-            if isinstance(rspec, dict) and "template" in rspec:
-                problems += validate_pod_template(rspec["template"], f"spec.mpiReplicaSpecs.{rtype}.template")
+    pruned, _ = prune_nulls(obj)  # what the server stores: the operator works on that
+    problems += _controller_problems(pruned, policies)
+    spec = _d(pruned.get("spec"))
+    for rtype, rspec in _d(spec.get("mpiReplicaSpecs")).items():
+        if rtype in REPLICA_TYPES and isinstance(rspec, dict) and "template" in rspec:
+            problems += validate_pod_template(_d(obj["spec"]["mpiReplicaSpecs"][rtype]).get("template"),
+                                              f"spec.mpiReplicaSpecs.{rtype}.template", pod_schema=pod_schema,
+                                              operator_volumes=_operator_volumes(spec, rtype), policies=policies)
     return sorted(set(problems))
 
 
 def validate_documents(text_or_docs: Union[str, Iterable[Any]], *, schema: dict | None = None,
-                       pod_schema: bool = True) -> list[Problem]:
+                       pod_schema: bool = True, policies: bool = True) -> list[Problem]:
     """Validate every MPIJob in a multi-document YAML text (or a list of loaded documents), e.g. a rendered
     directory's MPIJob + ConfigMap + others; other kinds are skipped. When there are several documents,
     each path is prefixed with the 1-based index of its document among the non-empty ones: `[doc 2] spec...`.
@@ -455,9 +573,9 @@ def validate_documents(text_or_docs: Union[str, Iterable[Any]], *, schema: dict 
     problems: list[Problem] = []
     jobs = [(i, doc) for i, doc in enumerate(docs, 1) if isinstance(doc, dict) and doc.get("kind") == KIND]
     for i, job in jobs:
-        for problem in validate_mpijob(job, schema=schema, pod_schema=pod_schema):
+        for problem in validate_mpijob(job, schema=schema, pod_schema=pod_schema, policies=policies):
             path = f"[doc {i}] {problem.path or '(top level)'}" if len(docs) > 1 else problem.path
-            problems.append(Problem(path, problem.message))
+            problems.append(Problem(path, problem.message, problem.policy))
     if not jobs:
         problems.append(Problem("", f"no {KIND} document found"))
     return problems

@@ -2,13 +2,17 @@
 before starting the ranks, which train from it; the next launch reuses it without fetching again."""
 import functools
 import http.server
+import os
 import re
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import yaml
 
-from conftest import DIGITS_JOB, cli
+from conftest import DIGITS_JOB, ROOT, cli
 from hvdk8s.data import cache
 from hvdk8s.data.datasets import digits, train_test_split
 from hvdk8s.data.shards import write_shards
@@ -77,3 +81,35 @@ def test_training_an_unsynced_dataset_says_how_to_sync(tmp_path):
     proc = cli("train", job, env={"HVDK8S_CACHE_DIR": str(tmp_path / "empty")}, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "is not in the node-local cache" in proc.stderr and "hvdk8s cache sync" in proc.stderr
+
+
+def test_eviction_between_the_launch_sync_and_the_ranks_never_removes_the_dataset(tmp_path):
+    """`cache evict --quota 0` (another job's quota on the node) runs again and again from the moment the
+    launch's sync completes until the launch ends: the launcher holds the dataset from its sync on."""
+    src = tmp_path / "shards"
+    train, test = train_test_split(digits(), 0.2)
+    for split, ds in (("train", train), ("test", test)):
+        write_shards(src / split, {"x": ds.x, "y": ds.y}, samples_per_shard=400, info=ds.info)
+    data = yaml.safe_load(DIGITS_JOB.read_text())
+    data["dataset"] = {"path": str(src), "cache": True}
+    data["training"]["epochs"] = 1
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(data))
+    root = tmp_path / "cache"
+    manifest = root / cache.dataset_key(str(src)) / "manifest.json"
+    launch = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)], cwd=ROOT,
+                              env={**os.environ, "HVDK8S_CACHE_DIR": str(root)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not manifest.exists():
+        assert launch.poll() is None and time.monotonic() < deadline, "the launch ended before its sync completed"
+        time.sleep(0.005)
+    evicted, tries = [], 0
+    while launch.poll() is None:
+        evicted += cache.evict(root, quota_bytes=0)
+        tries += 1
+        time.sleep(0.02)
+    out = launch.stdout.read()
+    assert launch.returncode == 0 and evicted == [], out
+    assert tries > 10 and "done: test accuracy" in out
+    assert cache.evict(root, quota_bytes=0) == [cache.dataset_key(str(src))]  # released with the launcher

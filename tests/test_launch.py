@@ -41,3 +41,94 @@ def test_failing_ranks_make_launch_fail(job_file, tmp_path):
     proc = cli("launch", "--local", "-np", "2", job)
     assert proc.returncode != 0
     assert "no shard index" in proc.stdout + proc.stderr
+
+
+def test_an_unwritable_checkpoint_dir_stops_the_launch_before_any_rank(tmp_path, job_file):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run = cli("launch", "--local", "-np", "2", job_file({"training": {"checkpoint": {"dir": str(blocker / "ckpt")}}}))
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "training.checkpoint.dir:" in run.stderr and "cannot write checkpoints" in run.stderr
+    assert "epoch 1" not in run.stdout
+
+
+@pytest.mark.ranks
+def test_no_rank_outlives_a_killed_launcher(job_file):
+    """kill -9 of the launcher's whole process group: the ranks (mpirun gives them groups of their own)
+    die with their parent at once instead of training on for seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    job = job_file({"training": {"epochs": 200}})
+    launcher = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def session_members() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[3]) == launcher.pid and stat[0] != "Z":  # session id; zombies are already dead
+                found.append(int(pid))
+        return found
+
+    for line in launcher.stdout:  # wait until the ranks train
+        if line.startswith("epoch 2/"):
+            break
+    argvs = [open(f"/proc/{p}/cmdline", "rb").read().split(b"\x00") for p in session_members()]
+    ranks = [a for a in argvs if a[1:4] == [b"-m", b"hvdk8s", b"train"]]  # not horovodrun's or mpirun's
+    assert len(ranks) == 2, argvs
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 1.0
+    while session_members() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert session_members() == [], "processes outlived the launcher by more than a second"
+
+
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the `hvdk8s train` ranks below a launcher process (their environment names
+    the rank: OMPI_COMM_WORLD_RANK under MPI, HOROVOD_RANK under Gloo)."""
+    from hvdk8s.launch.procs import ranks
+
+    return ranks(launcher)
+
+
+@pytest.mark.parametrize("controller,how", [("mpi", "hang"), ("gloo", "die")])
+def test_a_hung_or_dead_rank_ends_the_job_within_its_bound(job_file, controller, how):
+    """A rank that hangs (SIGSTOP) or dies (SIGKILL) fails the job within the stated bound, with the
+    rank named and no launcher traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    job = job_file({"training": {"epochs": 500, "stall_timeout_seconds": 6}})
+    proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", f"--{controller}", str(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if line.startswith("epoch 1/"):
+            break
+    pids = _rank_pids(proc.pid)
+    assert sorted(pids) == [0, 1], "".join(out)
+    began = time.monotonic()
+    os.kill(pids[1], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    elapsed = time.monotonic() - began
+    text = "".join(out) + rest
+    assert proc.returncode != 0, text
+    assert elapsed < (6 + 20 if how == "hang" else 15), (elapsed, text)
+    assert "Traceback (most recent call last)" not in text.replace("<stderr>:Traceback", ""), text
+    assert re.search(r"\b1\b", text.split("epoch 1/", 1)[1]), text  # the rank is named

@@ -1,5 +1,9 @@
 """MPIJob validation: real MPIJobs pass, broken ones are reported at the exact field, against both the
-upstream CRD schema (read from ../shared/k8s, never copied into the repo) and hvdk8s's built-in rules."""
+upstream CRD schema (read from ../shared/k8s, never copied into the repo) and hvdk8s's built-in rules.
+
+What is accepted or rejected follows mpi-operator v0.8.2 (pkg/apis/kubeflow/validation after
+SetDefaults_MPIJob, pkg/controller) and the API server (CRD pruning and list types, ObjectMeta, Pod
+validation); hvdk8s's own policies are marked as such."""
 import copy
 import json
 import os
@@ -263,6 +267,8 @@ def edit(job: dict, dotted: str, value) -> None:
         job = job[key]
     if value is DELETE:
         del job[keys[-1]]
+    elif value == "COPY-0":  # a second item equal to the first
+        job.insert(keys[-1], copy.deepcopy(job[0]))
     else:
         job[keys[-1]] = value
 
@@ -298,7 +304,8 @@ BROKEN = [
     ("name-too-long", {"metadata.name": "a" * 55}, "metadata.name", "DNS-1035"),
     ("name-not-dns", {"metadata.name": "My_Job"}, "metadata.name", "DNS-1123"),
     ("name-missing", {"metadata.name": DELETE}, "metadata.name", "required"),
-    ("privileged", {f"{W_C0}.securityContext.privileged": True}, f"{W_C0}.securityContext.privileged", "privileged"),
+    ("privileged", {f"{W_C0}.securityContext.privileged": True}, f"{W_C0}.securityContext.privileged",
+     "hvdk8s policy: privileged"),
     ("api-version", {"apiVersion": "kubeflow.org/v1"}, "apiVersion", "kubeflow.org/v2beta1"),
     ("kind", {"kind": "TFJob"}, "kind", "MPIJob"),
     ("container-no-name", {f"{W_C0}.name": DELETE}, f"{W_C0}.name", "required"),
@@ -308,6 +315,62 @@ BROKEN = [
      "spec.runPolicy.schedulingPolicy.minResources.cpu", "pattern"),
     ("container-port-type", {f"{W_C0}.ports": [{"containerPort": "ssh"}]}, f"{W_C0}.ports[0].containerPort",
      "expected integer"),
+    # what the API server or the operator rejects, found by the issue's review
+    ("no-spec", {"spec": DELETE}, "spec.mpiReplicaSpecs", "required"),
+    ("mount-without-volume", {f"{W_C0}.volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+     f"{W_C0}.volumeMounts[0].name", "no volume named 'data'"),
+    ("gpu-request-below-limit", {f"{W_C0}.resources": {"requests": {"nvidia.com/gpu": 1},
+                                                      "limits": {"nvidia.com/gpu": 2}}},
+     f"{W_C0}.resources.requests.nvidia.com/gpu", "must equal"),
+    ("gpu-request-without-limit", {f"{W_C0}.resources": {"requests": {"nvidia.com/gpu": 1}}},
+     f"{W_C0}.resources.limits.nvidia.com/gpu", "required"),
+    ("gpu-fraction", {f"{W_C0}.resources.limits": {"nvidia.com/gpu": "500m"}},
+     f"{W_C0}.resources.limits.nvidia.com/gpu", "whole number"),
+    ("request-above-limit", {f"{W_C0}.resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}},
+     f"{W_C0}.resources.requests.cpu", "at most the cpu limit"),
+    ("negative-request", {f"{W_C0}.resources": {"requests": {"memory": "-1Gi"}}},
+     f"{W_C0}.resources.requests.memory", "greater than or equal to 0"),
+    ("bad-resource-name", {f"{W_C0}.resources.limits": {"gpu": 1}}, f"{W_C0}.resources.limits.gpu",
+     "not a container resource"),
+    ("port-over-65535", {f"{W_C0}.ports": [{"containerPort": 70000}]}, f"{W_C0}.ports[0].containerPort",
+     "1-65535"),
+    ("host-port-over-65535", {f"{W_C0}.ports": [{"containerPort": 22, "hostPort": 65536}]},
+     f"{W_C0}.ports[0].hostPort", "1-65535"),
+    ("probe-port-zero", {f"{W_C0}.readinessProbe": {"tcpSocket": {"port": 0}}},
+     f"{W_C0}.readinessProbe.tcpSocket.port", "1-65535"),
+    ("port-name-too-long", {f"{W_C0}.ports": [{"containerPort": 22, "name": "a-very-long-port-name"}]},
+     f"{W_C0}.ports[0].name", "1-15"),
+    ("duplicate-ports", {f"{W_C0}.ports": [{"containerPort": 22}, {"containerPort": 22, "protocol": "TCP"}]},
+     f"{W_C0}.ports[1]", "duplicate entry"),
+    ("label-value", {"metadata.labels": {"app": "a b"}}, "metadata.labels.app", "letters"),
+    ("label-key", {"metadata.labels": {"bad/key/x": "v"}}, "metadata.labels.bad/key/x", "prefix"),
+    ("template-label-value", {f"{WORKER}.template.metadata": {"labels": {"x": "-bad"}}},
+     f"{WORKER}.template.metadata.labels.x", "letters"),
+    ("annotation-key", {"metadata.annotations": {"a b": "c"}}, "metadata.annotations.a b", "name part"),
+    ("namespace-not-dns", {"metadata.namespace": "Team_A"}, "metadata.namespace", "DNS-1123 label"),
+    ("node-selector-value", {f"{WORKER}.template.spec.nodeSelector": {"pool": "a b"}},
+     f"{WORKER}.template.spec.nodeSelector.pool", "letters"),
+    ("duplicate-container-names", {f"{WORKER}.template.spec.containers[1]": "COPY-0"},
+     f"{WORKER}.template.spec.containers[1].name", "duplicate"),
+    ("init-container-same-name", {f"{WORKER}.template.spec.initContainers": [
+        {"name": "mpi-worker", "image": "busybox"}]}, f"{WORKER}.template.spec.containers[0].name", "duplicate"),
+    ("container-name-not-dns", {f"{W_C0}.name": "Worker_1"}, f"{W_C0}.name", "DNS-1123 label"),
+    ("null-container", {f"{WORKER}.template.spec.containers": [None]}, f"{WORKER}.template.spec.containers[0]",
+     "null"),
+    ("null-arg", {f"{W_C0}.args": [None]}, f"{W_C0}.args[0]", "null"),
+    ("duplicate-env", {f"{W_C0}.env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+     f"{W_C0}.env[1].name", "duplicate"),
+    ("operator-volume-name", {f"{WORKER}.template.spec.volumes": [{"name": "ssh-auth", "emptyDir": {}}]},
+     f"{WORKER}.template.spec.volumes[0].name", "the MPI operator adds"),
+    ("mount-over-hostfile", {f"{LAUNCHER}.template.spec.volumes": [{"name": "x", "emptyDir": {}}],
+                             f"{LAUNCHER}.template.spec.containers[0].volumeMounts": [
+                                 {"name": "x", "mountPath": "/etc/mpi"}]},
+     f"{LAUNCHER}.template.spec.containers[0].volumeMounts[0].mountPath", "mpi-job-config"),
+    ("toleration-value-with-exists", {f"{WORKER}.template.spec.tolerations": [
+        {"key": "a", "operator": "Exists", "value": "b"}]}, f"{WORKER}.template.spec.tolerations[0].value", "empty"),
+    ("generate-name-too-long", {"metadata.name": DELETE, "metadata.generateName": "a" * 50 + "-"},
+     "metadata.generateName", "DNS-1035"),
+    ("restart-policy-bogus", {f"{LAUNCHER}.restartPolicy": "Sometimes"}, f"{LAUNCHER}.restartPolicy", "Never"),
 ]
 
 
@@ -470,3 +533,58 @@ def test_documents_are_validated_with_their_index(schema):
 def test_documents_without_mpijob_or_yaml():
     assert [str(p) for p in validate_documents(CONFIGMAP)] == ["(top level): no MPIJob document found"]
     assert validate_documents("a: [b")[0].message.startswith("not valid YAML")
+
+
+# --- accepted as the operator accepts them ------------------------------------------------------------
+
+ACCEPTED = [
+    ("launcher-without-replicas", {f"{LAUNCHER}.replicas": DELETE}),  # SetDefaults_MPIJob: 1
+    ("generate-name", {"metadata.name": DELETE, "metadata.generateName": "pi-"}),
+    ("null-slots", {"spec.slotsPerWorker": None}),  # pruned, then defaulted to 1
+    ("null-command", {f"{W_C0}.command": None}),    # pruned: the CRD has no nullable field
+    ("null-clean-pod-policy", {"spec.runPolicy.cleanPodPolicy": None}),
+    ("empty-ssh-mount-path", {"spec.sshAuthMountPath": ""}),  # the operator defaults "" to /root/.ssh
+    ("empty-restart-policy", {f"{WORKER}.restartPolicy": ""}),
+    ("no-worker", {WORKER: DELETE}),  # a launcher alone (e.g. runLauncherAsWorker): the operator allows it
+    ("null-worker", {WORKER: None}),
+    ("slots-zero", {"spec.slotsPerWorker": 0}),
+    ("mount-of-operator-volume", {f"{W_C0}.volumeMounts": [{"name": "ssh-auth", "mountPath": "/keys"}]}),
+    ("gpu-limit-only", {f"{W_C0}.resources": {"limits": {"nvidia.com/gpu": 8}}}),
+    ("named-probe-port", {f"{W_C0}.ports": [{"containerPort": 2222, "name": "ssh"}],
+                          f"{W_C0}.readinessProbe": {"tcpSocket": {"port": "ssh"}}}),
+    ("same-port-two-protocols", {f"{W_C0}.ports": [{"containerPort": 53}, {"containerPort": 53, "protocol": "UDP"}]}),
+]
+
+
+@pytest.mark.parametrize("edits", [case[1] for case in ACCEPTED], ids=[case[0] for case in ACCEPTED])
+def test_what_the_operator_accepts_passes(schema, edits):
+    job = yaml.safe_load(PI)
+    for dotted, value in edits.items():
+        edit(job, dotted, value)
+    assert validate_mpijob(job, schema=schema) == []
+
+
+def test_no_spec_is_one_problem_in_both_modes(schema):
+    job = yaml.safe_load(PI)
+    del job["spec"]
+    assert validate_mpijob(job, schema=schema) == [Problem("spec.mpiReplicaSpecs", "required field is missing")]
+
+
+# --- hvdk8s's policies: stated, flagged, and possible to leave out ---------------------------------
+
+POLICY_EDITS = [
+    ("privileged", {f"{W_C0}.securityContext.privileged": True}),
+    ("unknown-replica-type", {"spec.mpiReplicaSpecs.Server": {"replicas": 1}}),
+    ("launcher-creation-typo", {"spec.launcherCreationPolicy": "WaitForWorkerReady"}),
+]
+
+
+@pytest.mark.parametrize("edits", [case[1] for case in POLICY_EDITS], ids=[case[0] for case in POLICY_EDITS])
+def test_policies_are_marked_and_can_be_left_out(schema, edits):
+    job = yaml.safe_load(PI)
+    for dotted, value in edits.items():
+        edit(job, dotted, value)
+    problems = validate_mpijob(job, schema=schema)
+    assert len(problems) == 1 and problems[0].policy and problems[0].message.startswith("hvdk8s policy: ")
+    assert validate_mpijob(job, schema=schema, policies=False) == []  # the operator would run it
+    assert [p.policy for p in validate_documents([job], schema=schema)] == [True]

@@ -1,6 +1,7 @@
-"""MPIJob rendering: golden files, determinism, topology, networking, and validity of what is rendered
-(the MPIJob CRD's schema, the operator's rules, Pod specs, kustomize)."""
+"""MPIJob rendering: golden files, determinism, topology, networking, storage, scheduling, and validity of
+what is rendered (the MPIJob CRD's schema, the operator's rules, Pod specs, kustomize)."""
 import os
+import re
 import shutil
 import subprocess
 
@@ -10,28 +11,67 @@ import yaml
 from conftest import ROOT, cli
 from hvdk8s.mpijob import render as renderer
 from hvdk8s.mpijob import validate as mv
-from hvdk8s.spec import load_job
+from hvdk8s.mpijob.checks import ClusterJobError
+from hvdk8s.spec import JobFileError, load_job
 
 GOLDEN = ROOT / "tests" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "job.yaml").is_file())
 UPDATE = os.environ.get("HVDK8S_UPDATE_GOLDEN") == "1"  # regenerate after an intended change
+WAIT = ["python", "-m", "hvdk8s.launch.workers", "--port", "2222"]
 
 
-def rendered(case: str) -> dict:
-    configmap, job = renderer.render(load_job(GOLDEN / case / "job.yaml"))
+def rendered(case: str, *overrides: str) -> dict:
+    configmap, job = renderer.render(load_job(GOLDEN / case / "job.yaml", list(overrides)))
     return {"configmap": configmap, "mpijob": job}
 
 
+def job_of(case: str, *overrides: str) -> dict:
+    return rendered(case, *overrides)["mpijob"]
+
+
+def pod_of(job, role):
+    return job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+
+
 def containers(job, role):
-    return job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
+    return pod_of(job, role)["containers"]
 
 
 def env_of(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def mpirun(command):
+    """The mpirun part of the launcher's command (after the wait for the workers)."""
+    assert command[:len(WAIT)] == WAIT and "--" in command, command
+    return command[command.index("--") + 1:]
+
+
+def mca(command) -> dict:
+    cmd = mpirun(command)
+    return {cmd[i + 1]: cmd[i + 2] for i, a in enumerate(cmd) if a == "-mca"}
+
+
+def cluster_problems(case: str, *overrides: str) -> dict:
+    """{field path: message} of a job that `render` refuses for a cluster (it must be valid as a job file)."""
+    spec = load_job(GOLDEN / case / "job.yaml", list(overrides))
+    with pytest.raises(ClusterJobError) as e:
+        renderer.render(spec)
+    assert isinstance(e.value, JobFileError)
+    return dict(e.value.problems)
+
+
+def field_problems(case: str, *overrides: str) -> dict:
+    """{field path: message} of a job file that does not validate at all."""
+    with pytest.raises(JobFileError) as e:
+        load_job(GOLDEN / case / "job.yaml", list(overrides))
+    return dict(e.value.problems)
+
+
+# --- golden files and tools --------------------------------------------------------------------------
+
 def test_golden_cases_cover_the_required_shapes():
-    assert CASES == ["cpu", "gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "s3-cached"]
+    assert CASES == ["cpu", "gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "nfs-cached", "s3-cached", "single-node"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -60,88 +100,287 @@ def test_kubectl_kustomize_builds_the_rendered_directory(case, tmp_path):
     assert built["MPIJob"]["metadata"]["namespace"] == load_job(GOLDEN / case / "job.yaml").kubernetes.namespace
 
 
+def test_readme_applies_the_rendered_directory_with_kustomize():
+    readme = (ROOT / "README.md").read_text()
+    assert "kubectl apply -k deploy/" in readme  # the -o directory holds a kustomization.yaml
+    assert not re.search(r"kubectl apply -f deploy/", readme)
+
+
+# --- topology ------------------------------------------------------------------------------------------
+
 def test_four_nodes_of_eight_gpus():
-    job = rendered("gpu-4x8-rdma")["mpijob"]
+    job = job_of("gpu-4x8-rdma")
     spec = job["spec"]
     assert spec["slotsPerWorker"] == 8 and spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
     worker = containers(job, "Worker")[0]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    pod = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod = pod_of(job, "Worker")
     term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == {"hvdk8s.io/job": "lm-4x8-rdma", "hvdk8s.io/role": "worker"}
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     launcher = containers(job, "Launcher")[0]
-    cmd = launcher["command"]
-    assert cmd[:8] == ["mpirun", "-np", "32", "-bind-to", "none", "-map-by", "slot", "-mca"]
+    cmd = mpirun(launcher["command"])
+    assert cmd[:7] == ["mpirun", "-np", "32", "-bind-to", "none", "-map-by", "slot"]
     assert cmd[-3:] == ["hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
     assert "nvidia.com/gpu" not in launcher["resources"]["limits"]
-    assert env_of(launcher)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
     # every variable the ranks get is forwarded to them by mpirun
     forwarded = {cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"}
     assert set(env_of(launcher)) <= forwarded and {"PATH", "LD_LIBRARY_PATH"} <= forwarded
 
 
-def test_one_node_of_eight_gpus_has_no_hierarchical_allreduce():
-    job = rendered("gpu-1x8")["mpijob"]
+def test_one_node_of_eight_gpus():
+    job = job_of("gpu-1x8")
     assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 1 and job["spec"]["slotsPerWorker"] == 8
     assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env_of(containers(job, "Launcher")[0])
 
 
 def test_cpu_job_uses_ranks_per_worker_and_no_gpu_or_nccl():
-    job = rendered("cpu")["mpijob"]
+    job = job_of("cpu")
     assert job["spec"]["slotsPerWorker"] == 4 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     worker = containers(job, "Worker")[0]
     assert "nvidia.com/gpu" not in worker["resources"]["limits"]
-    env = env_of(containers(job, "Launcher")[0])
+    launcher = containers(job, "Launcher")[0]
+    env = env_of(launcher)
     assert env["OMP_NUM_THREADS"] == "2" and not any(k.startswith("NCCL_") for k in env)
-    assert containers(job, "Launcher")[0]["command"][2] == "8"
-    affinity = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert mpirun(launcher["command"])[2] == "8"
+    affinity = pod_of(job, "Worker")["affinity"]["podAntiAffinity"]
     assert "preferredDuringSchedulingIgnoredDuringExecution" in affinity
 
 
-def test_rdma_on():
-    job = rendered("gpu-4x8-rdma")["mpijob"]
+def test_workers_beyond_32_bits_are_a_field_error_at_validate(tmp_path):
+    problems = field_problems("cpu", f"resources.workers={2**31}")
+    assert list(problems) == ["resources.workers"] and "2147483647" in problems["resources.workers"]
+    assert list(field_problems("cpu", f"resources.workers={2**30}", "resources.ranks_per_worker=4")) == ["resources"]
+    proc = cli("validate", GOLDEN / "cpu" / "job.yaml", "--set", f"resources.workers={2**31}")
+    assert proc.returncode == 2 and "  resources.workers:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- item 4: hierarchical allreduce only where it can help ------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_job_gets_hierarchical_allreduce_unless_it_asks(case):
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env_of(containers(job_of(case), "Launcher")[0])
+
+
+def test_hierarchical_allreduce_is_opt_in_for_multi_node_tcp_jobs_only():
+    env = env_of(containers(job_of("gpu-4x8-tcp", "resources.hierarchical_allreduce=true"), "Launcher")[0])
+    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    rdma = field_problems("gpu-4x8-rdma", "resources.hierarchical_allreduce=true")
+    assert "host-memory MPI allreduce over TCP" in rdma["resources"]
+    assert "more than one node" in field_problems("gpu-1x8", "resources.hierarchical_allreduce=true")["resources"]
+    assert "more than one node" in field_problems("cpu", "resources.hierarchical_allreduce=true")["resources"]
+
+
+# --- items 3 and 6: RDMA as non-root, interfaces --------------------------------------------------------
+
+def test_rdma_on_needs_no_capability_checks_the_locked_memory_limit_and_never_falls_back():
+    job = job_of("gpu-4x8-rdma")
     template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
     worker = template["spec"]["containers"][0]
     assert worker["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
-    assert worker["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    # IPC_LOCK is never effective for the non-root ranks; it is not asked for (and baseline forbids it)
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert worker["securityContext"]["privileged"] is False
     assert template["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
-    env = env_of(containers(job, "Launcher")[0])
+    launcher = containers(job, "Launcher")[0]
+    env = env_of(launcher)
     assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
-        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "PHB",
-        "NCCL_SOCKET_IFNAME": "eth0"}
+        "NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3",
+        "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_SOCKET_IFNAME": "eth0"}
+    cmd = mpirun(launcher["command"])
+    # each rank runs behind the locked-memory check, which execs the real command
+    assert cmd[-7:] == ["python", "-m", "hvdk8s.launch.memlock", "--", "hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
 
 
 def test_rdma_off():
-    job = rendered("gpu-4x8-tcp")["mpijob"]
+    job = job_of("gpu-4x8-tcp")
     worker = containers(job, "Worker")[0]
     assert not any(k.startswith("rdma/") for k in worker["resources"]["limits"])
-    assert "add" not in worker["securityContext"]["capabilities"]
-    env = env_of(containers(job, "Launcher")[0])
-    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "ens5"
+    assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    launcher = containers(job, "Launcher")[0]
+    env = env_of(launcher)
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0" and "NCCL_NET" not in env
+    assert "hvdk8s.launch.memlock" not in launcher["command"]
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
 
 
-def test_shm_start_policy_readiness_and_non_root_user():
-    job = rendered("gpu-4x8-rdma")["mpijob"]
-    spec = job["spec"]
+def interfaces_of_worker(spec) -> list:
+    return spec.resources.rdma.pod_interfaces
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_openmpi_and_nccl_use_interfaces_the_pods_have(case):
+    spec = load_job(GOLDEN / case / "job.yaml")
+    launcher = containers(job_of(case), "Launcher")[0]
+    pins = mca(launcher["command"])
+    # OpenMPI's runtime and TCP transport both on the pod network, where the launcher and the DNS names are
+    assert pins["oob_tcp_if_include"] == pins["btl_tcp_if_include"] == "eth0"
+    nccl = env_of(launcher).get("NCCL_SOCKET_IFNAME")
+    assert nccl is None or nccl in interfaces_of_worker(spec)
+
+
+def test_socket_interface_must_exist_in_the_pods():
+    problem = field_problems("gpu-4x8-tcp", "resources.rdma.socket_ifname=ens5")["resources.rdma"]
+    assert "'ens5' is not an interface of the worker pods" in problem and "eth0" in problem
+    # with RDMA on and a Multus network attached, its interface (net1, or the one named) may carry NCCL's sockets
+    job = job_of("gpu-4x8-rdma", "resources.rdma.socket_ifname=net1")
+    assert env_of(containers(job, "Launcher")[0])["NCCL_SOCKET_IFNAME"] == "net1"
+    assert mca(containers(job, "Launcher")[0]["command"])["oob_tcp_if_include"] == "eth0"
+    named = load_job(GOLDEN / "gpu-4x8-rdma" / "job.yaml", ["resources.rdma.networks=ns/rdma-a@ib0, rdma-b"])
+    assert named.resources.rdma.pod_interfaces == ["eth0", "ib0", "net2"]
+    assert "network 1" in field_problems("gpu-4x8-rdma", "resources.rdma.networks=Bad_Name")["resources.rdma.networks"]
+
+
+def test_hvdk8s_variables_cannot_be_overridden_by_the_job_env():
+    problems = cluster_problems("gpu-4x8-tcp", "kubernetes.env={NCCL_SOCKET_IFNAME: ens5, NCCL_DEBUG: INFO}")
+    assert list(problems) == ["kubernetes.env.NCCL_SOCKET_IFNAME"]  # NCCL_DEBUG is the user's to set
+    problems = cluster_problems("cpu", "kubernetes.secret_env={PATH: {secret: s, key: k}}")
+    assert list(problems) == ["kubernetes.secret_env.PATH"]
+    assert "both env and secret_env" in field_problems(
+        "cpu", "kubernetes.env={A: x}", "kubernetes.secret_env={A: {secret: s, key: k}}")["kubernetes"]
+
+
+# --- items 1 and 7: storage and caches ---------------------------------------------------------------
+
+def test_checkpoints_need_a_writable_volume():
+    problems = cluster_problems("gpu-1x8", "kubernetes.volumes=[]")
+    assert list(problems) == ["training.checkpoint.dir"] and "lost with the pod" in problems["training.checkpoint.dir"]
+    problems = cluster_problems("gpu-1x8", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c, "
+                                           "read_only: true}]")
+    assert "read-only" in problems["training.checkpoint.dir"]
+    problems = cluster_problems("gpu-1x8", "training.checkpoint.dir=checkpoints/x")
+    assert "relative path" in problems["training.checkpoint.dir"]
+    problems = cluster_problems("gpu-1x8", "training.checkpoint.dir=/ckptx/a")  # /ckptx is not under /ckpt
+    assert "/ckptx/a is on no volume" in problems["training.checkpoint.dir"]
+
+
+def test_render_refuses_an_uncovered_checkpoint_from_the_cli_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    proc = cli("render", GOLDEN / "gpu-1x8" / "job.yaml", "--set", "kubernetes.volumes=[]", "-o", out)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert "  training.checkpoint.dir:" in proc.stderr and not out.exists()
+
+
+def test_volumes_are_mounted_where_ranks_run_and_only_there():
+    job = job_of("gpu-4x8-rdma")
+    worker_pod = pod_of(job, "Worker")
+    volumes = {v["name"]: v for v in worker_pod["volumes"]}
+    assert volumes["ckpt"] == {"name": "ckpt", "persistentVolumeClaim": {"claimName": "lm-checkpoints"}}
+    assert volumes["hf-cache"] == {"name": "hf-cache", "nfs": {"server": "nfs.research.example.com",
+                                                              "path": "/exports/hf"}}
+    mounts = {m["name"]: m for m in worker_pod["containers"][0]["volumeMounts"]}
+    assert mounts["ckpt"] == {"name": "ckpt", "mountPath": "/ckpt"}
+    assert "volumes" not in pod_of(job, "Launcher")  # mpirun needs none of them
+
+
+def test_read_only_nfs_dataset_synced_by_the_init_container_from_its_mount():
+    job = job_of("nfs-cached")
+    pod = pod_of(job, "Worker")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["datasets"]["nfs"] == {"server": "10.0.0.20", "path": "/exports/datasets", "readOnly": True}
+    permissions, sync = pod["initContainers"]
+    assert sync["command"][:5] == ["hvdk8s", "cache", "sync", "/nfs/datasets/imagenet-shards", "/var/cache/hvdk8s"]
+    assert {"name": "datasets", "mountPath": "/nfs/datasets", "readOnly": True} in sync["volumeMounts"]
+    problems = cluster_problems("nfs-cached", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c}]")
+    assert list(problems) == ["dataset.path"] and "no pod has it" in problems["dataset.path"]
+
+
+def test_an_uncached_local_dataset_is_read_from_a_volume():
+    problems = cluster_problems("gpu-1x8", "dataset={path: /data/shards}")
+    assert list(problems) == ["dataset.path"]
+    job = job_of("gpu-1x8", "dataset={path: /data/shards}",
+                 "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c}, "
+                 "{name: data, mount_path: /data, pvc: d, read_only: true}]")
+    pod = pod_of(job, "Worker")
+    assert "initContainers" not in pod and not any("hostPath" in v for v in pod["volumes"])
+    assert {v["name"]: v for v in pod["volumes"]}["data"]["persistentVolumeClaim"] == {"claimName": "d",
+                                                                                       "readOnly": True}
+
+
+@pytest.mark.parametrize("override, field, words", [
+    (["kubernetes.volumes=[{name: job, mount_path: /x, pvc: c}]"], "kubernetes.volumes.0.name", "taken"),
+    (["kubernetes.volumes=[{name: a, mount_path: /etc, pvc: c}]"], "kubernetes.volumes.0.mount_path", "/etc/hvdk8s"),
+    (["kubernetes.volumes=[{name: a, mount_path: /opt, pvc: c}]"], "kubernetes.volumes.0.mount_path", "hide"),
+    (["kubernetes.volumes=[{name: a, mount_path: x/y, pvc: c}]"], "kubernetes.volumes.0.mount_path", "absolute"),
+    (["kubernetes.volumes=[{name: a, mount_path: /a}]"], "kubernetes.volumes.0", "exactly one"),
+    (["kubernetes.volumes=[{name: a, mount_path: /a, pvc: c, host_path: /b}]"], "kubernetes.volumes.0",
+     "exactly one"),
+    (["kubernetes.volumes=[{name: a, mount_path: /a, pvc: c}, {name: a, mount_path: /b, pvc: c}]"],
+     "kubernetes.volumes", "same name"),
+    (["kubernetes.volumes=[{name: a, mount_path: /var/cache/hvdk8s/x, pvc: c}]"], "kubernetes", "cache_dir"),
+    (["kubernetes.volumes=[{name: a, mount_path: /a, nfs: {server: 'x y', path: /e}}]"],
+     "kubernetes.volumes.0.nfs.server", "host name"),
+    (["kubernetes.run_as_user=2000"], "kubernetes.run_as_user", "uid 1000"),
+    (["kubernetes.namespace=Team_A"], "kubernetes.namespace", "DNS-1123 label"),
+    (["kubernetes.node_selector={a: 'b c'}"], "kubernetes.node_selector", "letters"),
+    (["kubernetes.queue=q/1"], "kubernetes.queue", "letters"),
+    (["kubernetes.cache_dir=/home/mpiuser/cache"], "kubernetes.cache_dir", "overlaps"),
+])
+def test_bad_volume_and_pod_settings_are_field_errors(tmp_path, override, field, words):
+    problems = field_problems("gpu-1x8", *override)
+    key = next((k for k in problems if k.replace("[", ".").replace("]", "") == field), None)
+    assert key is not None and words in problems[key], problems
+
+
+@pytest.mark.parametrize("value, ok", [
+    ("/mnt/hf-cache/hub", True), ("/home/mpiuser/.cache/hf", True), ("/tmp/hf", True), ("/dev/shm/hf", True),
+    ("/var/cache/hvdk8s/hf", False), ("/root/.cache", False), ("/opt/hf", False), ("hf", False),
+    ("/home/mpiuser/.ssh/hf", False), ("/etc/hvdk8s/hf", False),
+])
+def test_caches_point_where_the_non_root_ranks_can_write(value, ok):
+    overrides = ("kubernetes.env.HF_HOME=" + value,)
+    if ok:
+        assert env_of(containers(job_of("gpu-4x8-rdma", *overrides), "Launcher")[0])["HF_HOME"] == value
+    else:
+        problems = cluster_problems("gpu-4x8-rdma", *overrides)
+        assert list(problems) == ["kubernetes.env.HF_HOME"] and "not writable" in problems["kubernetes.env.HF_HOME"]
+
+
+def test_a_read_only_volume_is_no_place_for_a_cache():
+    problems = cluster_problems("nfs-cached", "kubernetes.env={TORCH_HOME: /nfs/datasets/torch}")
+    assert list(problems) == ["kubernetes.env.TORCH_HOME"]
+
+
+# --- item 5: only what a job needs; the shared cache per namespace -----------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_pod_runs_non_root_under_the_runtime_seccomp_profile(case):
+    job = job_of(case)
+    for role, replica in job["spec"]["mpiReplicaSpecs"].items():
+        pod = replica["template"]["spec"]
+        assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True,
+                                          "seccompProfile": {"type": "RuntimeDefault"}}, role
+        for c in pod["containers"]:
+            assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}, (role, c["name"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_hostpath_only_for_a_cached_dataset_or_a_host_path_volume(case):
+    spec = load_job(GOLDEN / case / "job.yaml")
+    for replica in job_of(case)["spec"]["mpiReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        host_paths = [v["name"] for v in pod.get("volumes", []) if "hostPath" in v]
+        wanted = (["dataset-cache"] if spec.cached_dataset and "initContainers" in pod else [])
+        assert host_paths == wanted
+        assert ("initContainers" in pod) == bool(spec.cached_dataset and host_paths)
+
+
+def test_shm_start_policy_readiness():
+    spec = job_of("gpu-4x8-rdma")["spec"]
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     assert spec["sshAuthMountPath"] == "/home/mpiuser/.ssh"
     pod = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
     assert pod["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == 2222
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    cache = next(v for v in pod["volumes"] if v["name"] == "dataset-cache")
-    assert cache["hostPath"]["path"] == "/var/cache/hvdk8s"
     assert "initContainers" not in pod  # a built-in dataset needs no cache sync
 
 
 def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
-    job = rendered("s3-cached")["mpijob"]
-    pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    job = job_of("s3-cached")
+    pod = pod_of(job, "Worker")
     permissions, sync = pod["initContainers"]
     assert permissions["command"] == ["chown", "1000:1000", "/var/cache/hvdk8s"]
     assert permissions["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
@@ -154,9 +393,25 @@ def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
                    "AWS_ACCESS_KEY_ID": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_ACCESS_KEY_ID"}},
                    "AWS_SECRET_ACCESS_KEY": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_SECRET_ACCESS_KEY"}}}
     assert all(m["mountPath"] == "/var/cache/hvdk8s" for c in (permissions, sync) for m in c["volumeMounts"])
-    launcher_env = env_of(containers(job, "Launcher")[0])
-    assert launcher_env["HVDK8S_CACHE_DIR"] == "/var/cache/hvdk8s"  # forwarded to the ranks (-x)
-    assert "HVDK8S_CACHE_DIR" in containers(job, "Launcher")[0]["command"]
+    launcher = containers(job, "Launcher")[0]
+    assert env_of(launcher)["HVDK8S_CACHE_DIR"] == "/var/cache/hvdk8s"  # forwarded to the ranks (-x)
+    assert "HVDK8S_CACHE_DIR" in launcher["command"]
+
+
+def test_each_namespace_has_its_own_cache_directory_on_the_node():
+    def cache_host_path(namespace):
+        pod = pod_of(job_of("s3-cached", f"kubernetes.namespace={namespace}"), "Worker")
+        volume = next(v for v in pod["volumes"] if v["name"] == "dataset-cache")
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "dataset-cache")
+        return volume["hostPath"]["path"], mount["mountPath"]
+
+    (path_a, mount_a), (path_b, mount_b) = cache_host_path("team-a"), cache_host_path("team-b")
+    assert (path_a, path_b) == ("/var/cache/hvdk8s/team-a", "/var/cache/hvdk8s/team-b")
+    # a pod mounts only its namespace's directory (neither contains the other), at the same place in the pod
+    assert not path_a.startswith(path_b + "/") and not path_b.startswith(path_a + "/")
+    assert mount_a == mount_b == "/var/cache/hvdk8s"
+    ds = renderer.warm_daemonset(load_job(GOLDEN / "s3-cached" / "job.yaml", ["kubernetes.namespace=team-a"]))
+    assert ds["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"] == "/var/cache/hvdk8s/team-a"
 
 
 def test_cache_warm_daemonset_fills_the_job_nodes():
@@ -164,29 +419,93 @@ def test_cache_warm_daemonset_fills_the_job_nodes():
 
     spec = load_job(GOLDEN / "s3-cached" / "job.yaml")
     ds = renderer.warm_daemonset(spec)
-    worker_pod = renderer.mpijob(spec)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker_pod = pod_of(renderer.mpijob(spec), "Worker")
     pod = ds["spec"]["template"]["spec"]
     assert ds["kind"] == "DaemonSet" and ds["metadata"]["name"] == "cifar-s3-cache-warm"
     assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
     assert pod["tolerations"] == worker_pod["tolerations"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert [c["command"] for c in pod["initContainers"]] == [c["command"] for c in worker_pod["initContainers"]]
     assert validate_pod_template(ds["spec"]["template"], "spec.template") == []
+    nfs = renderer.warm_daemonset(load_job(GOLDEN / "nfs-cached" / "job.yaml"))
+    assert [v["name"] for v in nfs["spec"]["template"]["spec"]["volumes"]] == ["dataset-cache", "datasets"]
     with pytest.raises(ValueError, match="nothing to warm"):
         renderer.warm_daemonset(load_job(GOLDEN / "gpu-1x8" / "job.yaml"))
 
 
-def test_run_policy_kueue_pull_secrets_and_secret_references():
-    out = rendered("gpu-4x8-rdma")
-    job = out["mpijob"]
+# --- item 2: Kueue and the launcher's wait ----------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_launcher_waits_for_every_worker_before_mpirun(case):
+    spec = load_job(GOLDEN / case / "job.yaml")
+    command = containers(job_of(case), "Launcher")[0]["command"]
+    assert command[:len(WAIT)] == WAIT
+    assert command[command.index("--timeout") + 1] == str(spec.kubernetes.worker_wait_seconds)
+    assert mpirun(command)[0] == "mpirun"
+
+
+def test_kueue_job_is_created_suspended_and_still_waits_for_its_workers():
+    job = job_of("gpu-4x8-rdma")
     assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 86400,
                                         "backoffLimit": 2, "activeDeadlineSeconds": 259200, "suspend": True}
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-    pod = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert containers(job, "Launcher")[0]["command"][:3] == ["python", "-m", "hvdk8s.launch.workers"]
+    pod = pod_of(job, "Launcher")
     assert pod["imagePullSecrets"] == [{"name": "registry-creds"}] and pod["serviceAccountName"] == "trainer"
     env = env_of(pod["containers"][0])
     assert env["WANDB_API_KEY"] == {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
     assert "WANDB_API_KEY" in pod["containers"][0]["command"]
 
+
+# --- beyond the anchors: scheduling ------------------------------------------------------------------
+
+def test_gang_scheduling_counts_every_pod_and_starts_the_launcher_with_the_gang():
+    job = job_of("nfs-cached")
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 3, "queue": "vision",
+                                                            "scheduleTimeoutSeconds": 600}
+    # WaitForWorkersReady would hold back the launcher the gang waits for: neither would ever start
+    assert job["spec"]["launcherCreationPolicy"] == "AtStartup"
+    for role in ("Launcher", "Worker"):
+        assert pod_of(job, role)["priorityClassName"] == "training-high"
+    problem = field_problems("nfs-cached", "kubernetes.scheduler_name=my-scheduler")["kubernetes"]
+    assert "scheduler_name and scheduling_policy" in problem
+
+
+def test_launcher_and_worker_placement():
+    job = job_of("nfs-cached")
+    launcher, worker = pod_of(job, "Launcher"), pod_of(job, "Worker")
+    assert launcher["nodeSelector"] == {"node-role.example.com/cpu": "true"}
+    assert launcher["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "cpu",
+                                        "effect": "NoSchedule"}]
+    assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                     {"key": "dedicated", "operator": "Equal", "value": "training",
+                                      "effect": "NoSchedule"}]
+    assert "nodeSelector" not in worker
+    assert pod_of(job_of("cpu", "kubernetes.scheduler_name=volcano"), "Worker")["schedulerName"] == "volcano"
+    assert "must have operator Exists" in field_problems(
+        "cpu", "kubernetes.tolerations=[{value: x}]")["kubernetes.tolerations[0]"]
+    assert "NoExecute" in field_problems(
+        "cpu", "kubernetes.tolerations=[{key: a, operator: Exists, toleration_seconds: 5}]")["kubernetes.tolerations[0]"]
+
+
+def test_a_single_node_job_can_run_its_ranks_in_the_launcher():
+    job = job_of("single-node")
+    spec = job["spec"]
+    assert spec["runLauncherAsWorker"] is True and list(spec["mpiReplicaSpecs"]) == ["Launcher"]
+    pod = pod_of(job, "Launcher")
+    launcher = pod["containers"][0]
+    assert launcher["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "readinessProbe" not in launcher and "ports" not in launcher  # no sshd: mpirun starts ranks locally
+    assert {m["mountPath"] for m in launcher["volumeMounts"]} == {"/dev/shm", "/etc/hvdk8s", "/ckpt"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert mpirun(launcher["command"])[:3] == ["mpirun", "-np", "8"]
+    problems = cluster_problems("gpu-4x8-tcp", "kubernetes.run_launcher_as_worker=true")
+    assert "this one has 4" in problems["kubernetes.run_launcher_as_worker"]
+    problems = cluster_problems("single-node", "kubernetes.launcher={node_selector: {a: b}}")
+    assert list(problems) == ["kubernetes.launcher"]
+
+
+# --- what render writes is what the cluster accepts ---------------------------------------------------
 
 def test_the_configmap_carries_the_job_file_that_trains():
     out = rendered("gpu-4x8-rdma")
@@ -201,6 +520,7 @@ def test_the_configmap_carries_the_job_file_that_trains():
     (["kubernetes.secret_env={bad-name: {secret: s, key: k}}"], "kubernetes.secret_env", "environment variable"),
     (["kubernetes.clean_pod_policy=Sometimes"], "kubernetes.clean_pod_policy", "'None', 'Running' or 'All'"),
     (["resources.shm_size=lots"], "resources.shm_size", "Kubernetes quantity"),
+    (["kubernetes.run_as_user=0"], "kubernetes.run_as_user", "greater than or equal to 1"),
 ])
 def test_bad_cluster_settings_exit_2_and_write_nothing(tmp_path, override, field, words):
     out = tmp_path / "out"
@@ -209,7 +529,6 @@ def test_bad_cluster_settings_exit_2_and_write_nothing(tmp_path, override, field
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"  {field}:" in proc.stderr and words in " ".join(proc.stderr.split()), proc.stderr
     assert not out.exists()
-
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +541,29 @@ def crd_schema():
     return mv.load_crd_schema(crd)
 
 
+# Job shapes beyond the golden files: every combination must render an MPIJob the cluster accepts.
+SHAPES = [
+    [], ["resources.hierarchical_allreduce=true"], ["kubernetes.priority_class=high"],
+    ["kubernetes.scheduling_policy={}"], ["kubernetes.tolerations=[{operator: Exists}]"],
+    ["kubernetes.launcher={node_selector: {pool: cpu}, tolerations: [{key: pool, operator: Equal, value: cpu}]}"],
+    ["kubernetes.volumes=[{name: s, mount_path: /scratch, host_path: /mnt/nvme}]"],
+    ["dataset={path: /scratch/shards, cache: true}",
+     "kubernetes.volumes=[{name: s, mount_path: /scratch, host_path: /mnt/nvme, read_only: true}]"],
+    ["resources.gpus=8", "kubernetes.run_launcher_as_worker=true"],
+    ["kubernetes.env={HF_HOME: /tmp/hf, NCCL_DEBUG: INFO}", "kubernetes.worker_wait_seconds=60"],
+]
+
+
+@pytest.mark.parametrize("overrides", SHAPES, ids=lambda o: ",".join(x.split("=")[0] for x in o) or "as-is")
+def test_job_shapes_render_mpijobs_the_cluster_accepts(overrides, crd_schema):
+    job = renderer.mpijob(load_job(GOLDEN / "gpu-4x8-tcp" / "job.yaml", overrides))
+    assert mv.validate_mpijob(job, schema=crd_schema) == []
+    assert mv.validate_mpijob(job) == []
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_rendered_mpijob_passes_the_crd_the_operator_rules_and_the_pod_schema(case, crd_schema):
-    job = rendered(case)["mpijob"]
+    job = job_of(case)
     assert mv.validate_mpijob(job, schema=crd_schema, pod_schema=True) == []
     assert mv.validate_mpijob(job, pod_schema=True) == []  # hvdk8s's own rules agree
 
@@ -237,15 +576,16 @@ def test_validate_accepts_rendered_yaml_and_names_problems_in_broken_yaml(case, 
     job = yaml.safe_load((GOLDEN / case / "mpijob.yaml").read_text())
     job["spec"]["slotPerWorker"] = 8                                   # a typo a 1.20 server would drop
     job["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"] = 2
-    containers(job, "Worker")[0]["securityContext"]["privileged"] = True
+    containers(job, "Launcher")[0]["securityContext"]["privileged"] = True
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(job))
     for extra in ([], ["--crd", str(crd)]):
         proc = cli("validate", broken, *extra)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         for path in ("spec.slotPerWorker", "spec.mpiReplicaSpecs.Launcher.replicas",
-                     "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].securityContext.privileged"):
+                     "spec.mpiReplicaSpecs.Launcher.template.spec.containers[0].securityContext.privileged"):
             assert f"  {path}:" in proc.stderr, proc.stderr
+        assert "hvdk8s policy: privileged containers are refused" in " ".join(proc.stderr.split())
 
 
 def test_cache_warm_command_prints_the_daemonset_or_says_why_not():

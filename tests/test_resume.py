@@ -52,3 +52,57 @@ def test_no_resume_starts_over(job_file, tmp_path):
     again = launch(job, "--no-resume")
     assert "resumed" not in again
     assert epochs_trained(again) == [1]
+
+
+def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkpoint(job_file, tmp_path):
+    """10 launches killed (SIGKILL to the launcher's whole process group) at random moments: each next
+    launch resumes from the newest checkpoint that is complete, and no temporary file survives."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hvdk8s.atomic import is_part
+
+    ckpt = tmp_path / "ckpt"
+    # Wide layers: 8 MB checkpoints, so some kills land inside a write.
+    job = job_file({"model": {"name": "mlp", "args": {"hidden": [1024, 1024]}},
+                    "training": {"epochs": 60, "warmup_epochs": 0, "checkpoint": {"dir": str(ckpt), "keep": 2}}})
+    rng = random.Random(12345)
+
+    def newest_complete() -> int:
+        for epoch, path in checkpoint.list_checkpoints(ckpt):
+            try:
+                torch.load(path, weights_only=True)
+                return epoch
+            except Exception:
+                continue
+        return 0
+
+    resumed_from = []
+    for trial in range(10):
+        expected = newest_complete()
+        proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        out = []
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:  # read until training runs, then kill at a random moment
+            out.append(line)
+            if line.startswith(("resumed from", "job ")) or time.monotonic() > deadline:
+                break
+        time.sleep(rng.uniform(0.0, 2.5))
+        os.killpg(proc.pid, signal.SIGKILL)
+        out.append(proc.stdout.read())
+        proc.wait()
+        text = "".join(out)
+        if expected:
+            assert f"resumed from {checkpoint.path_for(ckpt, expected)} (epoch {expected}," in text, (trial, text)
+        resumed_from.append(expected)
+    expected = newest_complete()
+    final = launch(job)
+    assert f"resumed from {checkpoint.path_for(ckpt, expected)} (epoch {expected}," in final
+    assert "done: test accuracy" in final
+    assert not [p.name for p in ckpt.iterdir() if is_part(p.name)], sorted(os.listdir(ckpt))
+    assert len(set(resumed_from)) > 3, resumed_from  # the kills really landed at different moments

@@ -74,13 +74,9 @@ def exclusive(path: Path, timeout: float | None = None, what: str = "a lock") ->
         os.close(fd)
 
 
-@contextmanager
-def shared(path: Path) -> Iterator[None]:
-    fd, _ = _acquire(path, fcntl.LOCK_SH, None, "a lock")
-    try:
-        yield
-    finally:
-        os.close(fd)
+def acquire_shared(path: Path) -> tuple[int, bool]:
+    """A shared lock on `path`, waiting as long as it takes; returns (fd, waited). Closing fd releases it."""
+    return _acquire(path, fcntl.LOCK_SH, None, "a lock")
 
 
 def try_exclusive(path: Path) -> int | None:

@@ -10,9 +10,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from .diskio import atomic_write, is_part
-from .errors import CacheError
+from .diskio import atomic_write
+from .errors import CacheError, shown
 from .keys import PUBLISHED_MANIFEST
+from .localtree import hash_stable, list_tree
 
 FORMAT = "hvdk8s-manifest"
 VERSION = 1
@@ -29,27 +30,27 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def check_relative(path: str, where: str) -> str:
-    """A path from a source must stay inside the dataset directory."""
+    """A path from a source must stay inside the dataset directory, and be UTF-8 (records are JSON)."""
     p = PurePosixPath(path)
     if not path or p.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")) or "\0" in path:
         raise CacheError(f"{where}: unsafe file path {path!r} (paths must be relative, without '..')")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CacheError(f"{where}: file path {shown(path)} is not UTF-8; rename the file") from None
     return path
 
 
 def write_manifest(directory: str | os.PathLike) -> Path:
-    """Publish `hvdk8s-manifest.json` at the root of a source directory (written atomically)."""
+    """Publish `hvdk8s-manifest.json` at the root of a source directory (written atomically), listing the
+    files a sync of it would copy; what a sync would refuse (see `localtree`) is refused here too."""
     root = Path(directory)
     if not root.is_dir():
         raise CacheError(f"{root}: not a directory; give the dataset's source directory")
-    paths = sorted(
-        str(Path(dirpath, name).relative_to(root).as_posix())
-        for dirpath, _dirs, names in os.walk(root)
-        for name in names
-        if not is_part(name) and not (Path(dirpath) == root and name == PUBLISHED_MANIFEST))
+    listed = sorted(list_tree(str(root)).files, key=lambda f: f.rel)
     with ThreadPoolExecutor(8) as pool:  # hashlib drops the GIL: hashing is parallel
-        digests = list(pool.map(lambda rel: sha256_file(root / rel), paths))
-    files = [{"path": rel, "size": (root / rel).stat().st_size, "sha256": digest}
-             for rel, digest in zip(paths, digests)]
+        hashed = list(pool.map(lambda f: hash_stable(f.path), listed))
+    files = [{"path": f.rel, "size": size, "sha256": digest} for f, (digest, size) in zip(listed, hashed)]
     doc = {"format": FORMAT, "version": VERSION, "total_bytes": sum(f["size"] for f in files),
            "file_count": len(files), "files": files}
     out = root / PUBLISHED_MANIFEST

@@ -40,17 +40,43 @@ def cached_path(source: str, cache_root: str | os.PathLike, version: str | None 
     return ds.data if ds.manifest_path.exists() else None
 
 
+class Hold:
+    """A dataset kept from eviction: a shared flock on its `.hold`, released by `release()` (or leaving a
+    `with` block) or by the kernel when the process ends, and deliberately not by garbage collection, so
+    that a launcher which drops it still holds the dataset until its ranks, its children, have finished."""
+
+    def __init__(self, ds: DatasetDir, fd: int):
+        self.path = ds.data
+        self._ds = ds
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self._ds.touch_used()
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def take_hold(ds: DatasetDir) -> Hold:
+    """Hold `ds` (marking it used). To leave no moment in which a fresh dataset can be evicted, a sync
+    takes this while it still has the dataset's sync lock, which eviction needs too."""
+    fd, _ = locks.acquire_shared(ds.hold_path)
+    ds.touch_used()
+    return Hold(ds, fd)
+
+
 @contextmanager
 def hold(cache_root: str | os.PathLike, key: str) -> Iterator[Path]:
     """Keep dataset `key` from eviction while the block runs (a shared lock that dies with the process);
     marks it used on entry and exit. Yields its data directory."""
-    ds = DatasetDir(Path(cache_root), check_key(key))
-    with locks.shared(ds.hold_path):
-        ds.touch_used()
-        try:
-            yield ds.data
-        finally:
-            ds.touch_used()
+    with take_hold(DatasetDir(Path(cache_root), check_key(key))) as data:
+        yield data
 
 
 def _is_held(ds: DatasetDir) -> bool:

@@ -10,16 +10,23 @@ The controller defaults to MPI: on 2 CPU ranks Gloo took 1.64x as long per step
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdk8s import events
 from hvdk8s.errors import UserError
+from hvdk8s.faults import stall_env
+from hvdk8s.launch import procs
 from hvdk8s.spec import JOB_ENV
 
 CONTROLLERS = ("mpi", "gloo")
@@ -61,10 +68,12 @@ def rank_program(spec, job_file: Path, job_dir: Path, source: str, resume: bool 
 
 
 def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] = None,
-                job_dir: Optional[Path] = None) -> dict[str, str]:
+                job_dir: Optional[Path] = None, stall_timeout: Optional[int] = None) -> dict[str, str]:
     """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON, the
-    job file, and the job file's folder importable (for `factory` paths and scripts' own modules)."""
+    job file, the job file's folder importable (for `factory` paths and scripts' own modules), and
+    the bound on a hung rank."""
     env = dict(os.environ if base is None else base)
+    env.update(stall_env(stall_timeout))
     if job_file is not None:
         env[JOB_ENV] = str(job_file)
     if job_dir is not None:
@@ -108,30 +117,100 @@ def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CON
         job_file = Path(tmp) / "job.yaml"
         job_file.write_text(dump_job(spec), encoding="utf-8")
         cmd = command(rank_program(spec, job_file, job_dir, source, resume), np, controller)
-        env = environment(np, job_file=job_file, job_dir=job_dir)
+        env = environment(np, job_file=job_file, job_dir=job_dir,
+                          stall_timeout=spec.training.stall_timeout_seconds)
         env[events.TOKEN_ENV] = token = events.new_token()
-        return _follow(cmd, env, token, console)
+        # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
+        watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
+        return _follow(cmd, env, token, console, watchdog)
 
 
-def _follow(cmd: list[str], env: dict[str, str], token: str, console) -> int:
+def _follow(cmd: list[str], env: dict[str, str], token: str, console, watchdog: Optional[int] = None) -> int:
+    """Run `cmd`, drawing rank 0's events; with `watchdog`, end the job when no event arrives for that
+    many seconds once training started (a hung rank blocks rank 0 in a collective, and a frozen rank
+    also blocks Horovod's own stall check, which runs between collectives)."""
     view = _ProgressView(console)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)  # ranks may print any bytes
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
+    launcher_errors = _LauncherTraceback()
+    last_event, cpu = None, _RankCPU(proc.pid)
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+        while True:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                if watchdog and last_event is not None and time.monotonic() - last_event > watchdog:
+                    view.close()
+                    return _stop_hung(proc, watchdog, cpu.idle_ranks(), console)
+                cpu.sample()
+                continue
+            if line is None:
+                return proc.wait()
             event = events.parse(line, token)
-            if event is None:
-                view.passthrough(line.rstrip("\n"))
-            else:
+            if event is not None:
+                last_event = time.monotonic()
                 view.show(event)
-        return proc.wait()
+            elif not launcher_errors.swallow(line):
+                view.passthrough(line.rstrip("\n"))
     except KeyboardInterrupt:
         proc.terminate()
         proc.wait()
         return 130
     finally:
         view.close()
+
+
+class _RankCPU:
+    """CPU time per rank, sampled each quiet second: a rank that used none in the last one is the
+    likely hung one (the others spin in MPI's busy poll waiting for it)."""
+
+    def __init__(self, root: int):
+        self.root, self.seen = root, {}
+
+    def sample(self) -> None:
+        self.seen = {r: procs.cpu_seconds(p) for r, p in procs.ranks(self.root).items()}
+
+    def idle_ranks(self) -> list[int]:
+        now = {r: procs.cpu_seconds(p) for r, p in procs.ranks(self.root).items()}
+        moved = {r: (now.get(r) or 0.0) - (self.seen.get(r) or 0.0) for r in now}
+        self.seen = now
+        busiest = max(moved.values(), default=0.0)
+        return sorted(r for r, used in moved.items() if used < 0.05 * busiest or used < 0.01)
+
+
+def _stop_hung(proc: subprocess.Popen, watchdog: int, idle: list[int], console) -> int:
+    who = f"rank {', '.join(map(str, idle))} made no progress" if idle else "no rank could be singled out"
+    console.print(f"error: no progress from the ranks for {watchdog}s ({who}); stopping the job "
+                  "(training.stall_timeout_seconds)", markup=False, highlight=False, style="bold red")
+    for pid in procs.descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+    return 124
+
+
+class _LauncherTraceback:
+    """horovodrun's own Python traceback (with --gloo, when a rank dies) is noise to a user: keep its
+    closing exception lines, which name the rank and its exit code, and drop the frames. Ranks'
+    output is tagged (`[1,0]<stderr>:` under MPI, `[1]<stderr>:` under Gloo) and always passes."""
+
+    def __init__(self):
+        self.inside = False
+
+    def swallow(self, line: str) -> bool:
+        if line.startswith("["):
+            self.inside = False
+            return False
+        if line.startswith("Traceback (most recent call last):"):
+            self.inside = True
+            return True
+        if self.inside and line.startswith((" ", "\t")):
+            return True  # a frame
+        self.inside = False
+        return False
 
 
 class _ProgressView:

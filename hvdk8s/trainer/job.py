@@ -11,6 +11,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 import numpy as np
 
+from hvdk8s.checkpoint import check_writable
+from hvdk8s.errors import UserError
 from hvdk8s.events import Reporter
 from hvdk8s.schedule import lr_scale, warmup_lr
 from hvdk8s.spec import JobSpec
@@ -103,6 +105,10 @@ def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = Tr
     Returns the summary (test_accuracy, epochs, seconds, digest)."""
     t = spec.training
     report = Reporter(enabled=steps.rank == 0)
+    if t.checkpoint.dir and steps.rank == 0:  # rank 0 writes them: fail now, not after an epoch
+        problem = check_writable(t.checkpoint.dir)
+        if problem:
+            raise UserError(f"training.checkpoint.dir: {problem}")
     start_epoch = 1
     if t.checkpoint.dir and resume:
         done_epoch, extra = steps.load(t.checkpoint.dir)

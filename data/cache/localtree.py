@@ -1,0 +1,184 @@
+"""A local (or NFS) source directory as the cache sees it: its regular files, read so that a file
+rewritten while it is copied is noticed, and everything else refused by name.
+
+Listing follows symbolic links (datasets are often assembled from links) and refuses what cannot be
+copied as data rather than skipping it, so the cache never silently differs from the source: FIFOs,
+sockets and devices (opening a FIFO blocks forever), dangling links, link loops, and names that are not
+UTF-8 (the manifest and journal are JSON text). `hvdk8s cache manifest` and `sync` list the same way.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from dataclasses import dataclass
+
+from .diskio import is_part
+from .errors import CacheError, shown
+from .keys import PUBLISHED_MANIFEST
+
+# A file changed this recently may have been rewritten within one tick of the filesystem's clock, which
+# stat cannot tell apart; such files are hashed a second time after their copy (as git's "racy" check).
+RACY_SECONDS = 2.0
+_SHOWN_PROBLEMS = 8
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    rel: str                # '/'-separated, relative to the root; a single-file source: its name
+    path: str               # what to open
+    st: os.stat_result      # at listing time (symbolic links followed)
+
+
+@dataclass(frozen=True)
+class LocalTree:
+    files: list[LocalFile]
+    published: str | None   # the root's hvdk8s-manifest.json, if any
+
+
+def kind_of(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def list_tree(root: str) -> LocalTree:
+    """Every regular file under `root` (or `root` itself, a file); a CacheError lists what cannot be cached."""
+    problems: list[str] = []
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        if os.path.islink(root):
+            raise CacheError(f"{root}: a symbolic link to {shown(os.readlink(root))}, which does not exist") from None
+        raise CacheError(f"{root}: not found; check the path") from None
+    except OSError as e:
+        raise CacheError(f"{root}: cannot read the source ({e.strerror})") from None
+    if stat.S_ISREG(st.st_mode):
+        name = os.path.basename(root.rstrip("/"))
+        _check_name(name, name, problems)
+        _refuse(root, problems)
+        return LocalTree([LocalFile(name, root, st)], None)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheError(f"{root}: {kind_of(st.st_mode)}, not a directory or regular file; give the dataset's directory")
+    files: list[LocalFile] = []
+    _walk(root, "", {(st.st_dev, st.st_ino)}, files, problems)
+    _refuse(root, problems)
+    published = None
+    for i, f in enumerate(files):
+        if f.rel == PUBLISHED_MANIFEST:
+            published = files.pop(i).path  # the listing's checksums, not a data file
+            break
+    return LocalTree(files, published)
+
+
+def _walk(directory: str, prefix: str, ancestors: set[tuple[int, int]], files: list[LocalFile],
+          problems: list[str]) -> None:
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError as e:
+        problems.append(f"{shown(prefix.rstrip('/') or directory)} (cannot be listed: {e.strerror})")
+        return
+    for entry in entries:
+        rel = prefix + entry.name
+        if is_part(entry.name) or not _check_name(entry.name, rel, problems):
+            continue  # a half-copied file of some cache is never data
+        try:
+            st = entry.stat()  # follows symbolic links
+        except FileNotFoundError:
+            problems.append(f"{shown(rel)} (a symlink to {shown(os.readlink(entry.path))}, which does not exist)")
+            continue
+        except OSError as e:
+            problems.append(f"{shown(rel)} ({'a symlink loop' if entry.is_symlink() else e.strerror})")
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            ident = (st.st_dev, st.st_ino)
+            if ident in ancestors:  # a link back to a directory above: walking it never ends
+                problems.append(f"{shown(rel)} (a symlink loop)")
+                continue
+            _walk(entry.path, rel + "/", ancestors | {ident}, files, problems)
+        elif stat.S_ISREG(st.st_mode):
+            files.append(LocalFile(rel, entry.path, st))
+        else:
+            problems.append(f"{shown(rel)} ({kind_of(st.st_mode)})")
+
+
+def _check_name(name: str, rel: str, problems: list[str]) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes arrive as lone surrogates (PEP 383)
+        problems.append(f"{shown(rel)} (a name that is not UTF-8)")
+        return False
+    return True
+
+
+def _refuse(root: str, problems: list[str]) -> None:
+    if not problems:
+        return
+    listed = ", ".join(problems[:_SHOWN_PROBLEMS])
+    more = f", and {len(problems) - _SHOWN_PROBLEMS} more" if len(problems) > _SHOWN_PROBLEMS else ""
+    raise CacheError(f"{shown(root)}: {len(problems)} entr{'y' if len(problems) == 1 else 'ies'} cannot be cached: "
+                     f"{listed}{more}; only regular files (and links to them) are data: remove, rename or "
+                     "fix these, or sync a directory without them")
+
+
+class LocalReader:
+    """One local file opened for copying. O_NONBLOCK: should a FIFO have replaced the file since the
+    listing, opening it returns at once (and is refused) instead of waiting for a writer forever."""
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.path = path
+        self.before = os.fstat(fd)
+        if not stat.S_ISREG(self.before.st_mode):
+            os.close(fd)
+            raise CacheError(f"{shown(path)}: {kind_of(self.before.st_mode)} now, not the regular file listed")
+        self._file = os.fdopen(fd, "rb", buffering=0)
+
+    def read(self, n: int) -> bytes:
+        return self._file.read(n)
+
+    def changed(self, sha256: str) -> str | None:
+        """Why the bytes just read may not be one version of the file, or None. The inode's size, mtime
+        and ctime must not have moved (ctime: no one can set it back); a file changed within RACY_SECONDS
+        is hashed again, for a rewrite within the same clock tick."""
+        after = os.fstat(self._file.fileno())
+        if _version(after) != _version(self.before):
+            return "changed while it was copied (its size or times moved)"
+        if abs(time.time_ns() - after.st_ctime_ns) < RACY_SECONDS * 1e9 and self._rehash() != sha256:
+            return "changed while it was copied (a second read differs)"
+        return None
+
+    def _rehash(self) -> str:
+        h = hashlib.sha256()
+        fd, offset = self._file.fileno(), 0
+        while chunk := os.pread(fd, 1 << 20, offset):
+            h.update(chunk)
+            offset += len(chunk)
+        return h.hexdigest()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "LocalReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _version(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def hash_stable(path: str, retries: int = 2) -> tuple[str, int]:
+    """(sha256, size) of one version of a local file, read again while it changes (to publish checksums)."""
+    for _ in range(retries + 1):
+        h = hashlib.sha256()
+        with LocalReader(path) as reader:
+            while chunk := reader.read(1 << 20):
+                h.update(chunk)
+            if reader.changed(h.hexdigest()) is None:
+                return h.hexdigest(), reader.before.st_size
+    raise CacheError(f"{shown(path)}: changed while it was hashed ({retries + 1} times); publish the manifest "
+                     "once the dataset stops changing")

@@ -1,0 +1,118 @@
+"""What a job file needs to run on a cluster, beyond what it needs to be valid at all (which `hvdk8s.spec`
+checks): paths the ranks write or read must be on a volume, caches must point where the non-root MPI user
+can write, hvdk8s's own variables keep their values, and the pods fit the namespace's Pod Security level.
+
+These depend on the cluster only, so a job file that runs locally (a relative checkpoint directory, a
+dataset on this machine) stays valid; `render` refuses it for a cluster, naming the field.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from hvdk8s.spec import JobFileError, JobSpec
+
+from . import layout, podsecurity, volumes
+from .environment import FROM_IMAGE, hvdk8s_env
+from .topology import plan
+
+# Variables that name a directory a library writes into (caches, config, home, temporary files).
+CACHE_ENV = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "HF_HOME", "HF_HUB_CACHE",
+             "HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME",
+             "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KERAS_HOME", "TFHUB_CACHE_DIR",
+             "CUDA_CACHE_PATH", "MPLCONFIGDIR", "PIP_CACHE_DIR", "WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR",
+             "NUMBA_CACHE_DIR")
+# Writable for the MPI user in every pod: its home (the image's), /tmp (mode 1777) and /dev/shm (an emptyDir).
+WRITABLE_DIRS = (layout.MPI_USER_HOME, "/tmp", layout.SHM_DIR)
+
+
+class ClusterJobError(JobFileError):
+    """A valid job file that cannot run on a cluster as written."""
+
+    def __init__(self, name: str, problems: list[tuple[str, str]]):
+        super().__init__(f"job {name!r} on a cluster", problems)
+
+
+def raise_for(spec: JobSpec) -> None:
+    problems = cluster_problems(spec)
+    if problems:
+        raise ClusterJobError(spec.name, problems)
+
+
+def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field path, what is wrong) for everything that keeps SPEC from running on a cluster."""
+    return (_storage(spec) + _environment(spec) + _launcher(spec) + _pod_security(spec))
+
+
+def _where(path: str) -> str:
+    return "a relative path (ranks would resolve it in their pod's home)" if not path.startswith("/") else path
+
+
+def _storage(spec: JobSpec) -> list[tuple[str, str]]:
+    out = []
+    ckpt = spec.training.checkpoint.dir
+    if ckpt is not None and volumes.covering(spec, ckpt, writable=True) is None:
+        read_only = volumes.covering(spec, ckpt)
+        out.append(("training.checkpoint.dir",
+                    f"{_where(ckpt)} is on volume {read_only.name!r}, mounted read-only" if read_only else
+                    f"{_where(ckpt)} is on no volume of kubernetes.volumes: checkpoints would be lost with the pod; "
+                    "mount a PersistentVolumeClaim or NFS export there (e.g. {name: ckpt, mount_path: /ckpt, "
+                    "pvc: my-claim}) and put the directory under its mount_path"))
+    d = spec.dataset
+    if d is not None and d.path is not None and not d.remote and volumes.covering(spec, d.path) is None:
+        out.append(("dataset.path", f"{_where(d.path)} is on no volume of kubernetes.volumes, so no pod has it; "
+                                    "mount the volume that holds it (an NFS export or a PersistentVolumeClaim)"))
+    return out
+
+
+def _writable(spec: JobSpec, path: str) -> bool:
+    if not path.startswith("/"):
+        return False
+    path = volumes.normalized(path)
+    if any(layout.inside(path, m) for m in layout.RESERVED_MOUNTS if m != layout.SHM_DIR):
+        return False  # the job ConfigMap and SSH keys are read-only mounts
+    if any(layout.inside(path, d) for d in WRITABLE_DIRS):
+        return True
+    return volumes.covering(spec, path, writable=True) is not None
+
+
+def _environment(spec: JobSpec) -> list[tuple[str, str]]:
+    k8s = spec.kubernetes
+    out = []
+    own = set(hvdk8s_env(spec, plan(spec.resources))) | set(FROM_IMAGE)
+    for field, names in (("env", k8s.env), ("secret_env", k8s.secret_env)):
+        for name in sorted(set(names) & own):
+            out.append((f"kubernetes.{field}.{name}", f"{name} is set by hvdk8s (from the job file's own fields, "
+                                                      "or the image); it cannot be overridden here"))
+    for name in CACHE_ENV:
+        value = k8s.env.get(name)
+        if value is not None and not _writable(spec, value):
+            out.append((f"kubernetes.env.{name}",
+                        f"{value!r} is not writable by the ranks' non-root user: use a path under "
+                        f"{', '.join(WRITABLE_DIRS)} or a writable volume's mount_path"
+                        + (" (not the dataset cache, which holds only synced datasets)"
+                           if layout.inside(volumes.normalized(value), k8s.cache_dir) else "")))
+    return out
+
+
+def _launcher(spec: JobSpec) -> list[tuple[str, str]]:
+    k8s = spec.kubernetes
+    if not k8s.run_launcher_as_worker:
+        return []
+    out = []
+    workers = plan(spec.resources).workers
+    if workers != 1:
+        out.append(("kubernetes.run_launcher_as_worker", f"is for jobs of one worker pod; this one has {workers}"))
+    if k8s.launcher.node_selector or k8s.launcher.tolerations:
+        out.append(("kubernetes.launcher", "with run_launcher_as_worker the launcher is the worker: it is placed "
+                                           "by kubernetes.node_selector and kubernetes.tolerations"))
+    return out
+
+
+def _pod_security(spec: JobSpec) -> list[tuple[str, str]]:
+    enforced: Optional[str] = spec.kubernetes.pod_security
+    if enforced is None:
+        return []
+    allowed = podsecurity.LEVELS.index(enforced)
+    return [(field, f"{why}: needs the {need} Pod Security level, and kubernetes.pod_security says the namespace "
+                    f"enforces {enforced}")
+            for need, field, why in podsecurity.requirements(spec) if podsecurity.LEVELS.index(need) < allowed]

@@ -1,0 +1,36 @@
+"""The environment of every rank. The ranks are started by mpirun on the launcher through ssh into the
+workers, so they do not see the worker pods' environment: every variable they need is set on the
+launcher and forwarded (-x), along with the image's PATH and LD_LIBRARY_PATH."""
+from __future__ import annotations
+
+from hvdk8s.quantity import parse_quantity
+from hvdk8s.spec import JOB_ENV, JobSpec
+
+from . import layout, network
+from .topology import Topology
+
+JOB_FILE = f"{layout.JOB_DIR}/job.yaml"
+FROM_IMAGE = ("PATH", "LD_LIBRARY_PATH")
+
+
+def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
+    """What hvdk8s itself sets, from the job file's fields (a job's own `env` may not override these)."""
+    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text", JOB_ENV: JOB_FILE}
+    if topo.gpus_per_worker:
+        env.update(network.nccl_env(spec.resources, topo))
+    else:
+        # Whole cores per rank, in exact decimal arithmetic (a float is off for quantities like .1Ei).
+        env["OMP_NUM_THREADS"] = str(max(1, int(parse_quantity(spec.resources.cpu) // topo.slots_per_worker)))
+    if spec.cached_dataset is not None:
+        env["HVDK8S_CACHE_DIR"] = spec.kubernetes.cache_dir  # where the init container synced the dataset
+    return env
+
+
+def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
+    """Plain environment of every rank (secret-backed variables are added by reference elsewhere)."""
+    return {**hvdk8s_env(spec, topo), **spec.kubernetes.env}
+
+
+def forwarded(spec: JobSpec, topo: Topology) -> list[str]:
+    """Names mpirun forwards to every rank (-x)."""
+    return [*FROM_IMAGE, *sorted(rank_env(spec, topo)), *sorted(spec.kubernetes.secret_env)]
