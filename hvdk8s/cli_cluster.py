@@ -46,6 +46,12 @@ def output_option(f):
                         help="Print machine-readable output instead of text.")(f)
 
 
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _launcher(context: Optional[str], namespace: Optional[str], kubeconfig: Optional[str]):
     from hvdk8s.launch.kubernetes import KubernetesLauncher
 
@@ -62,16 +68,15 @@ def _emit(data: Any, output: str) -> None:
 
 
 def _replicas(status) -> str:
-    parts = []
-    for role, counts in status.replicas.items():
-        shown = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none active"
-        parts.append(f"{role} {shown}")
-    return "; ".join(parts) or "no replicas reported yet"
+    """`Launcher 1 active; Worker 2 active`: the roles with any count (the operator reports zeros as empty)."""
+    parts = [f"{role} " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+             for role, counts in status.replicas.items() if any(counts.values())]
+    return "; ".join(parts) or "no replicas running"
 
 
 def _say_phase(status) -> None:
-    err.print(f"mpijob/{status.name}: [bold]{status.phase}[/] ({_replicas(status)})"
-              + (f": {status.message}" if status.finished and status.message else ""))
+    err.print(f"mpijob/{_escape(status.name)}: [bold]{_escape(status.phase)}[/] ({_escape(_replicas(status))})"
+              + (f": {_escape(status.message)}" if status.finished and status.message else ""))  # free text
 
 
 # --- launch (the cluster half; `hvdk8s launch --local` stays in cli.py) ------------------------------
@@ -96,6 +101,9 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
     """Submit the job (or print what would be sent); with `wait`, follow it to its end. Returns the exit code."""
     from hvdk8s.launch import kubernetes as kube
 
+    if timeout is not None and not wait:
+        raise UserError("--timeout: only with --wait (it bounds the wait, not the job: see "
+                        "kubernetes.active_deadline_seconds)")
     job_dir = Path(job).parent
     if dry_run:
         objects = kube.manifests(spec, job_dir, job)
@@ -108,7 +116,7 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
                        "(an ownerReference with the uid the server gives it)\n" + to_yaml(objects), nl=False)
         return 0
     launcher = kube.KubernetesLauncher.connect(context, spec.kubernetes.namespace, kubeconfig)
-    name = launcher.submit(spec, job_dir, job, on_note=lambda note: err.print(f"[yellow]note:[/] {note}"))
+    name = launcher.submit(spec, job_dir, job, on_note=lambda note: err.print("[yellow]note:[/] " + _escape(note)))
     ns, made = launcher.namespace, [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in launcher.created]
     where = f"namespace {ns}" + (f", context {launcher.conn.context}" if launcher.conn.context else "")
     if output is None:
@@ -224,7 +232,8 @@ def list_jobs(all_namespaces: bool, context: Optional[str], namespace: Optional[
         return
     rows = [(["NAMESPACE"] if all_namespaces else []) + ["NAME", "PHASE", "WORKERS", "AGE"]]
     for st, obj in jobs:
-        workers = (((obj.get("spec") or {}).get("mpiReplicaSpecs") or {}).get("Worker") or {}).get("replicas", "?")
+        # No Worker replica spec: the launcher runs the ranks itself (runLauncherAsWorker).
+        workers = (((obj.get("spec") or {}).get("mpiReplicaSpecs") or {}).get("Worker") or {}).get("replicas", 0)
         rows.append(([st.namespace or ""] if all_namespaces else []) + [st.name, st.phase, str(workers),
                                                                         human_age(st.age())])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -192,7 +192,7 @@ class RDMASpec(_Strict):
     enabled: bool = False
     resource: str = Field(default="rdma/rdma_shared_device_a",
                           description="device-plugin resource each worker requests (SR-IOV: e.g. nvidia.com/hostdev)")
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=2**31 - 1)
     networks: Optional[str] = Field(default=None, description="Multus k8s.v1.cni.cncf.io/networks annotation")
     hca: Optional[str] = Field(default=None, description="NCCL_IB_HCA, e.g. mlx5")
     gid_index: int = Field(default=3, ge=0, description="NCCL_IB_GID_INDEX (3: RoCE v2 on most NICs)")
@@ -202,7 +202,7 @@ class RDMASpec(_Strict):
     @field_validator("resource")
     @classmethod
     def _resource_name(cls, v: str) -> str:
-        if not _RESOURCE.match(v):
+        if not _RESOURCE.match(v) or k8snames.qualified_name(v):
             raise ValueError(f"{v!r} is not an extended resource name (domain/name, e.g. rdma/rdma_shared_device_a)")
         return v
 
@@ -390,10 +390,6 @@ class VolumeSpec(_Strict):
                              "`host_path`")
         return self
 
-    @property
-    def kind(self) -> str:
-        return "pvc" if self.pvc is not None else "nfs" if self.nfs is not None else "host_path"
-
 
 class TolerationSpec(_Strict):
     """A Kubernetes toleration: lets pods run on nodes with a matching taint."""
@@ -523,6 +519,8 @@ class KubernetesSpec(_Strict):
     def _secret_names(cls, v: list) -> list:
         for name in v:
             _k8s_valid(k8snames.dns1123_subdomain, name)
+        if len(set(v)) != len(v):
+            raise ValueError("a Secret is listed twice (the API server refuses repeated imagePullSecrets)")
         return v
 
     @field_validator("node_selector")
@@ -544,9 +542,9 @@ class KubernetesSpec(_Strict):
     @classmethod
     def _cache_dir(cls, v: str) -> str:
         _absolute_path(v)
-        clash = [d for d in (*layout.RESERVED_MOUNTS, *layout.IMAGE_DIRS) if layout.overlaps(v, d)]
-        if v == "/" or clash or any(layout.inside(v, d) for d in layout.SYSTEM_DIRS):
-            raise ValueError(f"{v} cannot be the dataset cache (it overlaps {clash[0] if clash else 'the system'})")
+        clash = [d for d in (*layout.RESERVED_MOUNTS, *layout.IMAGE_DIRS, *layout.SYSTEM_DIRS) if layout.overlaps(v, d)]
+        if clash:
+            raise ValueError(f"{v} cannot be the dataset cache: it overlaps {clash[0]}")
         return v
 
     @field_validator("volumes")

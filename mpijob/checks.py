@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from hvdk8s.errors import UserError
 from hvdk8s.spec import JobFileError, JobSpec
 
 from . import layout, podsecurity, volumes
@@ -29,7 +30,8 @@ class ClusterJobError(JobFileError):
     """A valid job file that cannot run on a cluster as written."""
 
     def __init__(self, name: str, problems: list[tuple[str, str]]):
-        super().__init__(f"job {name!r} on a cluster", problems)
+        super().__init__(f"job {name!r}", problems)
+        UserError.__init__(self, f"job {name!r} cannot run on a cluster as written", problems)
 
 
 def raise_for(spec: JobSpec) -> None:
@@ -40,11 +42,18 @@ def raise_for(spec: JobSpec) -> None:
 
 def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """(field path, what is wrong) for everything that keeps SPEC from running on a cluster."""
-    return (_storage(spec) + _environment(spec) + _launcher(spec) + _pod_security(spec))
+    return _image(spec) + _storage(spec) + _environment(spec) + _launcher(spec) + _pod_security(spec)
+
+
+def _image(spec: JobSpec) -> list[tuple[str, str]]:
+    if not spec.image.strip() or any(c.isspace() for c in spec.image):
+        return [("image", f"{spec.image!r} is not a container image reference (e.g. ghcr.io/org/image:tag)")]
+    return []
 
 
 def _where(path: str) -> str:
-    return "a relative path (ranks would resolve it in their pod's home)" if not path.startswith("/") else path
+    return (f"{path!r} is relative (a rank would resolve it inside its pod) and so" if not path.startswith("/")
+            else path)
 
 
 def _storage(spec: JobSpec) -> list[tuple[str, str]]:
@@ -55,8 +64,8 @@ def _storage(spec: JobSpec) -> list[tuple[str, str]]:
         out.append(("training.checkpoint.dir",
                     f"{_where(ckpt)} is on volume {read_only.name!r}, mounted read-only" if read_only else
                     f"{_where(ckpt)} is on no volume of kubernetes.volumes: checkpoints would be lost with the pod; "
-                    "mount a PersistentVolumeClaim or NFS export there (e.g. {name: ckpt, mount_path: /ckpt, "
-                    "pvc: my-claim}) and put the directory under its mount_path"))
+                    "mount a PersistentVolumeClaim or NFS export (e.g. {name: ckpt, mount_path: /ckpt, pvc: "
+                    "my-claim}) and put the directory under its mount_path"))
     d = spec.dataset
     if d is not None and d.path is not None and not d.remote and volumes.covering(spec, d.path) is None:
         out.append(("dataset.path", f"{_where(d.path)} is on no volume of kubernetes.volumes, so no pod has it; "

@@ -3,6 +3,7 @@ workers, so they do not see the worker pods' environment: every variable they ne
 launcher and forwarded (-x), along with the image's PATH and LD_LIBRARY_PATH."""
 from __future__ import annotations
 
+from hvdk8s.faults import stall_env
 from hvdk8s.quantity import parse_quantity
 from hvdk8s.spec import JOB_ENV, JobSpec
 
@@ -15,7 +16,8 @@ FROM_IMAGE = ("PATH", "LD_LIBRARY_PATH")
 
 def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
     """What hvdk8s itself sets, from the job file's fields (a job's own `env` may not override these)."""
-    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text", JOB_ENV: JOB_FILE}
+    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text", JOB_ENV: JOB_FILE,
+           **stall_env(spec.training.stall_timeout_seconds)}  # a hung rank ends the job, as locally
     if topo.gpus_per_worker:
         env.update(network.nccl_env(spec.resources, topo))
     else:

@@ -38,7 +38,7 @@ def pods(job: dict) -> dict[str, list[dict[str, Any]]]:
     worker = replicas.get("Worker")
     if worker is not None:
         out["Worker"] = [_pod(spec, worker, f"{name}-worker-{i}", name, namespace, "worker")
-                         for i in range(worker.get("replicas", 0))]
+                         for i in range(int(worker.get("replicas") or 0))]
     return out
 
 

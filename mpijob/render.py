@@ -5,8 +5,10 @@ Each object or part is built by one small function, in the spirit of mpi-operato
 operator adds the rest at run time: the hostfile and discover_hosts.sh ConfigMap (/etc/mpi), the SSH
 keys (mounted at sshAuthMountPath), the launcher Job and the worker Pods.
 
-The ranks are started by `mpirun` on the launcher through SSH into the workers, so they do not see
-the worker pods' environment: every variable they need is set on the launcher and forwarded (-x).
+The launcher waits for every worker's sshd (hvdk8s.launch.workers), then starts the ranks with `mpirun`
+through SSH into the workers, so they do not see the worker pods' environment: every variable they need
+is set on the launcher and forwarded (-x; see `environment`). A valid job file that cannot run on a
+cluster as written (`checks`) is refused with its field paths before anything is rendered.
 """
 from __future__ import annotations
 

@@ -52,3 +52,45 @@ def job_file(tmp_path):
         return path
 
     return make
+
+
+# --- a real Kubernetes API server for the cluster tests (tests/cluster_helpers) --------------------
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """The API server the cluster tests use, with the MPIJob CRD: the project's own (etcd + kube-apiserver
+    on 127.0.0.1, started once per session and stopped after it), or HVDK8S_TEST_KUBECONFIG's cluster."""
+    import cluster_helpers as ch
+
+    external = os.environ.get("HVDK8S_TEST_KUBECONFIG")
+    if external:
+        yield ch.Cluster(Path(external).expanduser(), own=False)
+        return
+    if not ch.SHARED_CRD.is_file():
+        pytest.skip(f"{ch.SHARED_CRD} is absent (no ../shared beside this checkout): the cluster tests install "
+                    "the MPIJob CRD from there")
+    started = ch.own_cluster(tmp_path_factory.mktemp("k8s"))
+    try:
+        yield started
+    finally:
+        ch.stop(started)
+
+
+@pytest.fixture
+def own_cluster(cluster):
+    """The project's own API server: for tests that stop it, swap its CRD, use its rights-less user or
+    serve a node's kubelet endpoint to it."""
+    if not cluster.own:
+        pytest.skip("needs the project's own API server (HVDK8S_TEST_KUBECONFIG names another cluster)")
+    return cluster
+
+
+@pytest.fixture
+def namespace(cluster):
+    """A fresh namespace for one test."""
+    import cluster_helpers as ch
+
+    name = ch.unique("t")
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -86,7 +86,7 @@ _chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="/\0")
 _component = (_odd | st.text(_chars, min_size=1, max_size=12)).filter(
     lambda s: s not in (".", "..", MANIFEST) and len(s.encode()) <= 250 and not s.endswith(PART))
 _size = st.integers(0, 5000) | st.sampled_from([0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1])
-_kind = st.sampled_from(["file"] * 6 + ["fifo", "socket", "dangling", "link", "dirlink", "badname"])
+_kind = st.sampled_from(["file"] * 6 + ["fifo", "socket", "dangling", "link", "link", "dirlink", "dirlink", "badname"])
 _entries = st.lists(st.tuples(st.lists(_component, min_size=1, max_size=3), _kind, _size), min_size=1, max_size=7)
 
 
@@ -153,11 +153,13 @@ def expected(src: Path) -> tuple[dict[str, str], list[str]]:
     return files, bad
 
 
-def check_local(src: Path, cache: Path) -> None:
+def check_local(src: Path, cache: Path, manifest_first: bool) -> None:
+    """Publishing a manifest first makes the sync verify against it; without one, the sync checks that
+    each file stayed one version while read (which waits for freshly written files to settle)."""
     truth, bad = expected(src)
     if not truth and not bad:
         return  # an empty source is refused for being empty, elsewhere
-    for step in ("manifest", "sync"):
+    for step in ("manifest", "sync") if manifest_first else ("sync", "manifest"):
         try:
             if step == "manifest":
                 within(LIMIT, write_manifest, src)
@@ -179,15 +181,18 @@ def check_local(src: Path, cache: Path) -> None:
             else:
                 assert tree_digests(result.path) == truth
             TALLY[f"{step} copied"] += 1
+            if step == "sync" and not manifest_first:
+                TALLY["sync copied without a published manifest"] += 1
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=80, **SETTINGS)
 @given(entries=_entries)
 def test_generated_local_sources_copy_exactly_or_are_refused_by_name(tmp_path, entries):
-    work = tmp_path / f"ex{next(_counter)}"
+    n = next(_counter)
+    work = tmp_path / f"ex{n}"
     build(work / "src", entries)
     try:
-        check_local(work / "src", work / "cache")
+        check_local(work / "src", work / "cache", manifest_first=n % 4 != 0)
         TALLY["local inputs"] += 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -200,11 +205,17 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # odd URLs make http.server's own handler raise (a NUL in the path): the client sees an error
+
+
 @pytest.fixture(scope="module")
 def www(tmp_path_factory):
     root = tmp_path_factory.mktemp("www")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield root, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -254,6 +265,29 @@ def test_generated_http_urls_copy_exactly_or_fail_naming_the_url(www, tmp_path, 
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
     TALLY["http inputs"] += 1
+
+
+_url_tail = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30) | _odd
+_authority = st.sampled_from(["{host}", "127.0.0.1:1", "127.0.0.1:0", "127.0.0.1:99999", "127.0.0.1:port",
+                              "user:pw@{host}", "[::1]:1", "127.0.0.1:{port}:9"])
+
+
+@settings(max_examples=50, **SETTINGS)
+@given(authority=_authority, tail=_url_tail, scheme=st.sampled_from(["http", "https", "HTTP"]))
+def test_odd_url_strings_fail_naming_the_url_or_copy(www, tmp_path, authority, tail, scheme):
+    """Whatever follows the scheme (loopback only: nothing here may wait on DNS or a remote host)."""
+    _, base = www
+    host = base.split("//", 1)[1]
+    url = f"{scheme}://{authority.format(host=host, port=host.rsplit(':', 1)[1])}/{tail}"
+    cache = tmp_path / f"cache{next(_counter)}"
+    try:
+        within(LIMIT, sync, url, cache, io_timeout=5, stall_timeout=10)
+        TALLY["odd url copied"] += 1
+    except CacheError as e:
+        assert names_one_of(str(e), [url]), f"{str(e)!r} does not name {url!r}"
+        TALLY["odd url refused"] += 1
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 # -- a few through the real command line -------------------------------------------------------------------

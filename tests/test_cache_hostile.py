@@ -20,7 +20,7 @@ from conftest import ROOT, cli
 from hvdk8s.data.cache import CacheError, cached_path, dataset_key, evict, list_datasets, sync, write_manifest
 from hvdk8s.data.cache.sources import open_source
 from hvdk8s.data.cache.transfer import fetch
-from test_cache import HELPERS, MANIFEST, PART, digests, http_root, write_tree  # noqa: F401 (http_root: fixture)
+from test_cache import HELPERS, MANIFEST, digests, http_root, write_tree  # noqa: F401 (http_root: fixture)
 
 
 def rewrite_in_place(path: Path, data: bytes) -> None:
@@ -263,7 +263,16 @@ def test_symlinks_to_files_and_directories_are_followed(tmp_path):
     doc = json.loads((src / MANIFEST).read_text())
     assert sorted(f["path"] for f in doc["files"]) == ["a.bin", "sub-link/y.bin", "x-link.bin"]
     data = sync(str(src), tmp_path / "cache").path
-    assert digests(data) == digests(src)
+    assert digests(data) == {**digests(src), "sub-link/y.bin": digests(outside)["sub/y.bin"]}
+
+
+def test_a_manifest_that_cannot_be_written_is_refused_cleanly(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, {"a.bin": 10, f"{MANIFEST}/x.bin": 20}, seed=15)  # a directory where the manifest goes
+    proc = cli("cache", "manifest", src)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{src / MANIFEST}: cannot write the manifest" in proc.stderr
+    assert sorted(p.name for p in src.iterdir()) == ["a.bin", MANIFEST]  # no temporary file left
 
 
 def test_a_published_path_that_is_not_utf8_is_refused_by_repr(tmp_path, http_root):

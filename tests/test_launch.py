@@ -117,15 +117,21 @@ def test_a_hung_or_dead_rank_ends_the_job_within_its_bound(job_file, controller,
         out.append(line)
         if line.startswith("epoch 1/"):
             break
-    pids = _rank_pids(proc.pid)
-    assert sorted(pids) == [0, 1], "".join(out)
-    began = time.monotonic()
-    os.kill(pids[1], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
+    from hvdk8s.launch.procs import descendants
+
+    everything = descendants(proc.pid)  # Gloo's helpers leave the session: kill by tree when done
     try:
+        pids = _rank_pids(proc.pid)
+        assert sorted(pids) == [0, 1], "".join(out)
+        began = time.monotonic()
+        os.kill(pids[1], signal.SIGSTOP if how == "hang" else signal.SIGKILL)
         rest, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [proc.pid, *everything]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     elapsed = time.monotonic() - began
     text = "".join(out) + rest
     assert proc.returncode != 0, text

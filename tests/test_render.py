@@ -250,7 +250,7 @@ def test_checkpoints_need_a_writable_volume():
                                            "read_only: true}]")
     assert "read-only" in problems["training.checkpoint.dir"]
     problems = cluster_problems("gpu-1x8", "training.checkpoint.dir=checkpoints/x")
-    assert "relative path" in problems["training.checkpoint.dir"]
+    assert "is relative" in problems["training.checkpoint.dir"]
     problems = cluster_problems("gpu-1x8", "training.checkpoint.dir=/ckptx/a")  # /ckptx is not under /ckpt
     assert "/ckptx/a is on no volume" in problems["training.checkpoint.dir"]
 
@@ -595,3 +595,42 @@ def test_cache_warm_command_prints_the_daemonset_or_says_why_not():
     assert ds["kind"] == "DaemonSet" and ds == renderer.warm_daemonset(load_job(GOLDEN / "s3-cached" / "job.yaml"))
     proc = cli("cache", "warm", GOLDEN / "cpu" / "job.yaml")
     assert proc.returncode == 2 and "nothing to warm" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- no job file that validates renders an MPIJob hvdk8s's own validation refuses -----------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_texts = st.one_of(st.text(max_size=12), st.sampled_from(
+    ["a", "eth0", "net1", "/ckpt", "/data/x", "Exists", "NoExecute", "a/b", "ns/net@ib0", "x" * 70, "-a", "a.b"]))
+_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**32) | _texts,
+                       lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_texts, inner, max_size=2),
+                       max_leaves=6)
+_cluster_fields = st.sampled_from([
+    "image", "kubernetes.namespace", "kubernetes.queue", "kubernetes.service_account", "kubernetes.env",
+    "kubernetes.secret_env", "kubernetes.node_selector", "kubernetes.image_pull_secrets", "kubernetes.cache_dir",
+    "kubernetes.volumes", "kubernetes.tolerations", "kubernetes.launcher", "kubernetes.priority_class",
+    "kubernetes.scheduler_name", "kubernetes.scheduling_policy", "kubernetes.run_launcher_as_worker",
+    "kubernetes.pod_security", "kubernetes.worker_wait_seconds", "kubernetes.backoff_limit",
+    "resources.gpu_product", "resources.rdma", "resources.rdma.networks", "resources.rdma.socket_ifname",
+    "resources.rdma.resource", "resources.rdma.count", "resources.workers", "resources.gpus",
+    "resources.hierarchical_allreduce", "training.checkpoint.dir", "dataset"])
+
+
+@settings(max_examples=120, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(["gpu-4x8-rdma", "nfs-cached", "cpu"]), field=_cluster_fields, value=_values)
+def test_a_job_that_validates_renders_or_is_refused_naming_a_field(case, field, value):
+    text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    try:
+        spec = load_job(GOLDEN / case / "job.yaml", [f"{field}={text}"])
+    except JobFileError as e:
+        assert e.problems and all(isinstance(p, str) for p, _ in e.problems)
+        return
+    try:
+        job = renderer.mpijob(spec)
+    except ClusterJobError as e:
+        assert e.problems and all(p for p, _ in e.problems)
+        return
+    assert mv.validate_mpijob(job) == [], (field, text)

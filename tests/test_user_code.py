@@ -38,7 +38,9 @@ def test_own_script_trains_checkpoints_resumes_and_renders(tmp_path):
     assert _accuracy(resumed.stdout) >= 93.0 and "after 10 epochs" in resumed.stdout
 
     out = tmp_path / "rendered"
-    rendered = cli("render", job, "-o", out)
+    # On a cluster checkpoints must land on a volume that outlives the pods (render refuses otherwise).
+    rendered = cli("render", job, "-o", out, "--set", "training.checkpoint.dir=/ckpt/own-script",
+                   "--set", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: own-script-ckpt}]")
     assert rendered.returncode == 0, rendered.stderr
     configmap = yaml.safe_load((out / "configmap.yaml").read_text())
     assert configmap["data"]["train.py"] == (EXAMPLES / "script" / "train.py").read_text()

@@ -40,7 +40,8 @@ def dataset_key(source: str, version: str | None = None) -> str:
     """`<basename>-<12 hex of sha256>`: readable in `ls`, unique per source URL and version."""
     norm = normalize_source(source)
     basename = norm.rstrip("/").rsplit("/", 1)[-1]
-    digest = hashlib.sha256(f"{norm}\n{version or ''}".encode()).hexdigest()[:12]
+    # surrogatepass: a path that is not UTF-8 (or a YAML "\udcff") still has a key; sync refuses it later
+    digest = hashlib.sha256(f"{norm}\n{version or ''}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{_slug(basename)}-{digest}"
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from .diskio import atomic_write
-from .errors import CacheError, shown
+from .errors import CacheError, plain, shown
 from .keys import PUBLISHED_MANIFEST
 from .localtree import hash_stable, list_tree
 
@@ -54,7 +54,10 @@ def write_manifest(directory: str | os.PathLike) -> Path:
     doc = {"format": FORMAT, "version": VERSION, "total_bytes": sum(f["size"] for f in files),
            "file_count": len(files), "files": files}
     out = root / PUBLISHED_MANIFEST
-    atomic_write(out, json.dumps(doc, indent=1).encode())
+    try:
+        atomic_write(out, json.dumps(doc, indent=1).encode())
+    except OSError as e:  # a read-only source, a full disk, a directory of that name
+        raise CacheError(f"{plain(str(out))}: cannot write the manifest ({e.strerror})") from None
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Iterator
 from urllib.parse import quote, unquote, urlparse
 
 from .diskio import is_part
-from .errors import CacheError
+from .errors import CacheError, plain
 from .keys import PUBLISHED_MANIFEST, normalize_source
 from .localtree import LocalReader, list_tree
 from .published import SHARD_INDEX, check_relative, parse_manifest, shard_checksums
@@ -43,27 +43,40 @@ class SourceFile:
 
 class Source:
     def __init__(self, url: str, fs: Any, files: list[SourceFile], open_kwargs: dict[str, Any],
-                 pass_size: bool = False, http: bool = False):
+                 pass_size: bool = False):
         self.url = url
         self.fs = fs
         self.files = files
         self._open_kwargs = open_kwargs
-        self._pass_size = pass_size  # s3fs and HTTP take the listed size and spare a HEAD request per file
-        self._http = http
+        self._pass_size = pass_size  # s3fs takes the listed size and spares a HEAD request per file
 
     def open(self, f: SourceFile, timeout: float | None = None) -> BinaryIO:
-        """`f` for reading; over HTTP, no connect or read of it waits longer than `timeout` seconds."""
+        """`f` for reading; where the source supports it, no connect or read waits over `timeout` seconds."""
         kwargs = dict(self._open_kwargs)
         if self._pass_size and f.size:
             kwargs["size"] = f.size
-        if self._http and timeout is not None:
-            kwargs["timeout"] = _client_timeout(timeout)
         return self.fs.open(f.url, "rb", **kwargs)
 
     def changed(self, handle: BinaryIO, sha256: str) -> str | None:
         """Why the bytes just read from `handle` may not be one version of the file (None: they are, as
         far as this kind of source can tell; published checksums and ETags are checked by the caller)."""
         return None
+
+
+class HttpSource(Source):
+    """One streamed GET a file, with aiohttp's timeouts set for this attempt. The stream is built directly:
+    fsspec's `open` would first ask for the size (a request without these timeouts) whenever the listing
+    has none or zero, and it takes a `timeout` argument as its own, not aiohttp's."""
+
+    def open(self, f: SourceFile, timeout: float | None = None) -> BinaryIO:
+        from fsspec.asyn import sync as run_on_loop
+        from fsspec.implementations.http import HTTPStreamFile
+
+        kwargs = dict(self.fs.kwargs)  # the request options of storage_options (headers, auth, ...)
+        if timeout is not None:
+            kwargs["timeout"] = _client_timeout(timeout)
+        session = run_on_loop(self.fs.loop, self.fs.set_session)
+        return HTTPStreamFile(self.fs, f.url, mode="rb", loop=self.fs.loop, session=session, **kwargs)
 
 
 class LocalSource(Source):
@@ -81,6 +94,7 @@ def open_source(source: str, storage_options: dict | None = None, io_timeout: fl
     a CacheError that names it."""
     scheme = source.split("://", 1)[0].lower() if "://" in source else "file"
     hint = _S3_HINT if scheme in ("s3", "s3a") else ""
+    where = plain(source)
     try:
         if scheme in ("http", "https"):
             return _http_source(source, storage_options or {}, io_timeout)
@@ -90,16 +104,16 @@ def open_source(source: str, storage_options: dict | None = None, io_timeout: fl
     except CacheError:
         raise
     except ImportError as e:
-        raise CacheError(f"{source}: reading {scheme}:// sources needs {e.name}; "
+        raise CacheError(f"{where}: reading {scheme}:// sources needs {e.name}; "
                          "pip install 'hvdk8s[remote]'") from None
     except FileNotFoundError:
-        raise CacheError(f"{source}: not found; check the path or URL{hint}") from None
+        raise CacheError(f"{where}: not found; check the path or URL{hint}") from None
     except ValueError as e:
         if "protocol" in str(e).lower():
-            raise CacheError(f"{source}: unsupported source; use a local path, s3:// or http(s)://") from None
-        raise CacheError(f"{source}: cannot list the source ({type(e).__name__}: {e}){hint}") from None
+            raise CacheError(f"{where}: unsupported source; use a local path, s3:// or http(s)://") from None
+        raise CacheError(f"{where}: cannot list the source ({type(e).__name__}: {e}){hint}") from None
     except Exception as e:  # network, permissions, credentials: the message says which
-        raise CacheError(f"{source}: cannot list the source ({type(e).__name__}: {e}){hint}") from None
+        raise CacheError(f"{where}: cannot list the source ({type(e).__name__}: {e}){hint}") from None
 
 
 def _s3_options(options: dict) -> dict:
@@ -208,7 +222,7 @@ def _http_source(source: str, options: dict, io_timeout: float) -> Source:
             published = fs.cat_file(manifest_url)
     except FileNotFoundError:
         if names_manifest or source.endswith("/"):
-            raise CacheError(f"{manifest_url}: not found; publish the served directory's manifest with "
+            raise CacheError(f"{plain(manifest_url)}: not found; publish the served directory's manifest with "
                              "`hvdk8s cache manifest DIR`") from None
         with _answered(source, io_timeout):
             return _http_file(source, fs)
@@ -216,9 +230,8 @@ def _http_source(source: str, options: dict, io_timeout: float) -> Source:
     files = [SourceFile(path=rel, url=f"{base}/{quote(rel)}", size=size, etag=None, mtime=None, sha256=digest,
                         md5=None) for rel, (size, digest) in listing.items()]
     if not files:
-        raise CacheError(f"{manifest_url}: lists no files")
-    # block_size 0: one streamed GET a file
-    return Source(source, fs, files, {"block_size": 0}, pass_size=True, http=True)
+        raise CacheError(f"{plain(manifest_url)}: lists no files")
+    return HttpSource(source, fs, files, {})
 
 
 @contextmanager
@@ -227,7 +240,7 @@ def _answered(url: str, io_timeout: float) -> Iterator[None]:
     try:
         yield
     except TimeoutError:  # aiohttp's ServerTimeoutError and fsspec's FSTimeoutError are TimeoutErrors
-        raise CacheError(f"{url}: no answer for {io_timeout:g} s; the server stopped answering: check it, "
+        raise CacheError(f"{plain(url)}: no answer for {io_timeout:g} s; the server stopped answering: check it, "
                          f"or raise ${IO_ENV} if it is only slow") from None
 
 
@@ -236,4 +249,4 @@ def _http_file(url: str, fs: Any) -> Source:
     rel = check_relative(unquote(posixpath.basename(urlparse(url).path)) or "data", url)
     f = SourceFile(path=rel, url=url, size=info.get("size"), etag=info.get("ETag") or info.get("Last-Modified"),
                    mtime=None, sha256=None, md5=None)
-    return Source(url, fs, [f], {"block_size": 0}, pass_size=True, http=True)
+    return HttpSource(url, fs, [f], {})

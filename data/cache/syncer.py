@@ -22,6 +22,7 @@ from .plan import Plan, make_plan
 from .progress import SyncProgress
 from .published import sha256_file
 from .sources import Source, SourceFile, open_source
+from .timeouts import Timeouts, resolve
 from .transfer import fetch
 
 
@@ -34,20 +35,28 @@ class SyncResult:
     bytes_copied: int
     seconds: float
     waited: bool          # another process held the sync lock first
+    hold: store.Hold | None = None  # with keep_hold: the dataset kept from eviction until released
 
 
 def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, version: str | None = None,
          storage_options: dict | None = None, workers: int = 8, verify: bool = False, retries: int = 2,
-         progress: bool = False, lock_timeout: float | None = None,
-         quota_bytes: int | None = None) -> SyncResult:
+         progress: bool = False, lock_timeout: float | None = None, quota_bytes: int | None = None,
+         io_timeout: float | None = None, stall_timeout: float | None = None,
+         keep_hold: bool = False) -> SyncResult:
     """Sync `source` into `<cache_root>/<key>/data` and return what it took.
 
     verify: re-hash every cached file and re-fetch those that differ from the manifest (otherwise a
     cached file is trusted on its size and the mtime the cache gave it). quota_bytes: evict least
-    recently used datasets not in use to make room, or fail saying how much is needed."""
+    recently used datasets not in use to make room, or fail saying how much is needed. io_timeout,
+    stall_timeout: how long a source that stops answering is waited for (see `timeouts`; None: the
+    environment's or the default). keep_hold: return with the dataset held (`result.hold`), taken before
+    the sync lets go of it, so that no eviction can come between the sync and the job that reads it."""
     start = time.monotonic()
     if workers < 1 or retries < 0:
         raise CacheError(f"workers must be at least 1 and retries at least 0 (got {workers}, {retries})")
+    limits = resolve(io_timeout, stall_timeout)
+    if not _utf8(source):
+        raise CacheError(f"{source!r}: the source's path is not UTF-8; rename it or link to it from a UTF-8 path")
     key = check_key(key) if key else dataset_key(source, version)
     ds = DatasetDir(Path(cache_root), key)
     origin = normalize_source(source)
@@ -57,7 +66,8 @@ def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, 
                                    f"another process syncing {key} into {ds.root} (lock {ds.lock_path})")
             with lock as waited:
                 copied, skipped, nbytes = _sync_locked(ds, source, origin, version, storage_options, workers,
-                                                       verify, retries, quota_bytes, waited, shown)
+                                                       verify, retries, quota_bytes, waited, shown, limits)
+                held = store.take_hold(ds) if keep_hold else None  # before the lock goes: no gap
         except OSError as e:  # source-side errors are CacheErrors already: this is the cache's disk
             raise CacheError(f"{ds.path}: cannot write the cache ({e})") from None
         except CacheError:
@@ -67,19 +77,27 @@ def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, 
         shown.stop()
         shown.summary(copied, skipped, nbytes, seconds)
     return SyncResult(key=key, path=ds.data, files_copied=copied, files_skipped=skipped, bytes_copied=nbytes,
-                      seconds=seconds, waited=waited)
+                      seconds=seconds, waited=waited, hold=held)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, decoded with surrogateescape (PEP 383)
+        return False
+    return True
 
 
 def _sync_locked(ds: DatasetDir, source: str, origin: str, version: str | None, storage_options: dict | None,
                  workers: int, verify: bool, retries: int, quota_bytes: int | None, waited: bool,
-                 shown: SyncProgress) -> tuple[int, int, int]:
+                 shown: SyncProgress, limits: Timeouts) -> tuple[int, int, int]:
     ds.remove_stale_temps()
     manifest = ds.read_manifest()
     if waited and not verify and manifest and (manifest.source, manifest.version) == (origin, version):
         ds.touch_used()  # the process we waited for has just synced it: reuse without listing again
         return 0, len(manifest.files), 0
 
-    src = open_source(source, storage_options)
+    src = open_source(source, storage_options, limits.io)
     recorded = {e.path: e for e in manifest.files} if manifest else ds.read_journal()
     on_disk, parts = ds.scan()
     plan = make_plan(src.files, recorded, on_disk, parts)
@@ -98,7 +116,7 @@ def _sync_locked(ds: DatasetDir, source: str, origin: str, version: str | None, 
     ds.manifest_path.unlink(missing_ok=True)
     try:
         _remove(ds, plan)
-        entries, nbytes = _copy_all(ds, src, plan.copy, workers, retries, journal, shown)
+        entries, nbytes = _copy_all(ds, src, plan.copy, workers, retries, journal, shown, limits)
     finally:
         journal.close()
     done = {**plan.keep, **{e.path: e for e in entries}}
@@ -145,7 +163,7 @@ def _remove(ds: DatasetDir, plan: Plan) -> None:
 
 
 def _copy_all(ds: DatasetDir, src: Source, files: list[SourceFile], workers: int, retries: int,
-              journal: Journal, shown: SyncProgress) -> tuple[list[Entry], int]:
+              journal: Journal, shown: SyncProgress, limits: Timeouts) -> tuple[list[Entry], int]:
     """Copy in parallel, largest first (so the pool does not end on one big file), journaling each as it
     finishes. On the first failure the files not yet started are dropped; finished ones stay journaled."""
     files = sorted(files, key=lambda f: -(f.size or 0))
@@ -153,7 +171,7 @@ def _copy_all(ds: DatasetDir, src: Source, files: list[SourceFile], workers: int
     entries: list[Entry] = []
 
     def one(f: SourceFile) -> Entry:
-        e = fetch(src, f, ds.data / f.path, retries=retries, advance=shown.advance)
+        e = fetch(src, f, ds.data / f.path, retries=retries, advance=shown.advance, timeouts=limits)
         journal.append(e)
         shown.file_done()
         return e

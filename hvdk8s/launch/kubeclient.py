@@ -36,6 +36,13 @@ class Connection:
     namespace: str  # the context's (or the pod's), `default` when it names none
 
 
+def _require_client() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("kubernetes") is None:
+        raise ClusterError("the cluster verbs need the Kubernetes client: pip install 'hvdk8s[cluster]'")
+
+
 def kubeconfig_path(explicit: Optional[str] = None) -> str:
     return explicit or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
@@ -43,6 +50,7 @@ def kubeconfig_path(explicit: Optional[str] = None) -> str:
 def context_namespace(context: Optional[str] = None, kubeconfig: Optional[str] = None) -> Optional[str]:
     """The namespace the (current or named) context names, without contacting the cluster; None if the
     kubeconfig or context is missing or names none."""
+    _require_client()
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
@@ -58,6 +66,7 @@ def context_namespace(context: Optional[str] = None, kubeconfig: Optional[str] =
 
 
 def connect(context: Optional[str] = None, kubeconfig: Optional[str] = None) -> Connection:
+    _require_client()
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -120,8 +129,9 @@ def explain(e: BaseException, conn: Connection, namespace: Optional[str] = None)
     status, message = e.status, server_message(e)
     details = status_body(e).get("details") or {}
     if status == 401:
-        return ClusterError(f"the API server at {conn.server} rejected the credentials of{where or ' this context'} "
-                            "(401 Unauthorized); log in again or refresh the token in your kubeconfig", status=status)
+        whose = f"context {conn.context}" if conn.context else "this pod's service account"
+        return ClusterError(f"the API server at {conn.server} rejected the credentials of {whose} (401 Unauthorized); "
+                            "log in again or refresh the token in your kubeconfig", status=status)
     if status == 403:
         return ClusterError(f"forbidden: {message}; ask a cluster admin for a Role that allows it"
                             + (f" in namespace {namespace}" if namespace else "")

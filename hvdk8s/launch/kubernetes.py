@@ -109,9 +109,9 @@ class KubernetesLauncher:
                                + INSTALL_OPERATOR)
         if VERSION not in versions:
             other = ", ".join(f"{GROUP}/{v}" for v in versions)
-            raise ClusterError(f"the cluster serves MPIJob as {other} (the Kubeflow training-operator's API), "
-                               f"not {GROUP}/{VERSION}; hvdk8s needs mpi-operator v0.4 or later: "
-                               + INSTALL_OPERATOR + " in place of the training-operator's MPIJob")
+            whose = "the Kubeflow training-operator's API" if "v1" in versions else "an older mpi-operator's API"
+            raise ClusterError(f"the cluster serves MPIJob as {other} ({whose}), not {GROUP}/{VERSION}, which "
+                               f"hvdk8s makes; {INSTALL_OPERATOR} in its place")
 
     def served_schema(self) -> Optional[dict]:
         """The v2beta1 schema of the MPIJob CRD the cluster serves; None where we may not read CRDs."""
@@ -265,9 +265,10 @@ class KubernetesLauncher:
                 if status.finished:
                     return status
         phase = last.phase if last else "unknown"
+        ns = f" -n {self.namespace}"
         raise WaitTimeout(f"mpijob {name} is still {phase} after {timeout:g}s (it goes on running); wait longer "
-                          f"(`hvdk8s wait {name} --timeout ...`), follow it (`hvdk8s logs -f {name}`) or stop it "
-                          f"(`hvdk8s delete {name}`)")
+                          f"(`hvdk8s wait {name}{ns} --timeout ...`), follow it (`hvdk8s logs -f {name}{ns}`) or "
+                          f"stop it (`hvdk8s delete {name}{ns}`)")
 
     def _changes(self, name: str, deadline: Optional[float]) -> Iterator[dict]:
         """The job now, then each time it changes, until the deadline."""
@@ -312,8 +313,8 @@ class KubernetesLauncher:
             if not follow:
                 pod = self._launcher_pod(name)
                 if pod is None:
-                    raise ClusterError(f"mpijob {name} has no launcher pod ({status.phase}); "
-                                       f"`hvdk8s logs -f {name}` waits for it")
+                    raise ClusterError(f"mpijob {name} has no started launcher pod ({status.phase}); "
+                                       f"`hvdk8s logs -f {name} -n {self.namespace}` waits for it")
                 yield from self._pod_log(pod, follow=False)
                 return
             followed: set[tuple[str, int]] = set()
@@ -352,9 +353,12 @@ class KubernetesLauncher:
 
     def _pod_log(self, pod, follow: bool) -> Iterator[str]:
         """The pod's log line by line, as the API server serves it (streamed from the node's kubelet)."""
+        # A followed log may stay quiet for as long as training does: no read timeout then (the server
+        # was reached a moment ago, so no connect timeout is needed either).
+        timeout = {} if follow else {"_request_timeout": TIMEOUT}
         response = self.core.read_namespaced_pod_log(
             pod.metadata.name, self.namespace, container=pod.spec.containers[0].name, follow=follow,
-            _preload_content=False, _request_timeout=(TIMEOUT[0], None) if follow else TIMEOUT)
+            _preload_content=False, **timeout)
         pending = b""
         try:
             for chunk in response.stream(64 * 1024):

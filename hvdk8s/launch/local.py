@@ -92,16 +92,20 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
     return env
 
 
-def prepare_dataset(spec) -> None:
-    """Sync a cached dataset into this machine's cache before the ranks start (once; reused later)."""
+def prepare_dataset(spec):
+    """Sync a cached dataset into this machine's cache before the ranks start (once; reused later).
+
+    Returns the sync's hold on the dataset (None without one), taken before the sync let go of it, so
+    that an eviction between the sync and the ranks' own holds cannot remove it. It lasts until
+    `release()` or this process's exit, never garbage collection: the launcher outlives its ranks."""
     dataset = spec.cached_dataset
     if dataset is None:
-        return
+        return None
     from hvdk8s.data import cache
     from hvdk8s.data.datasets import cache_root, storage_options
 
-    cache.sync(dataset.path, cache_root(), version=dataset.version, storage_options=storage_options(dataset),
-               progress=True)
+    return cache.sync(dataset.path, cache_root(), version=dataset.version, storage_options=storage_options(dataset),
+                      progress=True, keep_hold=True).hold
 
 
 def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
@@ -110,28 +114,95 @@ def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CON
     progress, and return their exit status."""
     from rich.console import Console
 
-    from hvdk8s.spec import dump_job
-
     console = console or Console()
-    with tempfile.TemporaryDirectory(prefix="hvdk8s-job-") as tmp:
-        job_file = Path(tmp) / "job.yaml"
+    launcher = LocalLauncher(np, controller, resume)
+    launcher.submit(spec, job_dir, source)
+    # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
+    watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
+    try:
+        return _follow(launcher.proc, launcher.token, console, watchdog)
+    finally:
+        launcher.delete(spec.name)  # ends nothing that has finished; removes the job file
+
+
+class LocalLauncher:
+    """The launcher protocol (`hvdk8s.launch.base.Launcher`) on this machine: one job, its ranks under
+    horovodrun. `run` is submit, the progress view over `logs`, and the exit status, in the foreground."""
+
+    def __init__(self, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True):
+        self.np, self.controller, self.resume = np, controller, resume
+        self.token = events.new_token()  # rank 0's events carry it: other output cannot pose as one
+        self.proc: Optional[subprocess.Popen] = None
+        self.name: Optional[str] = None
+        self._tmp: Optional[tempfile.TemporaryDirectory] = None
+
+    def submit(self, spec, job_dir: Path, source: str) -> str:
+        from hvdk8s.spec import dump_job
+
+        if self.proc is not None:
+            raise LaunchError(f"this launcher already runs job {self.name}")
+        self._tmp = tempfile.TemporaryDirectory(prefix="hvdk8s-job-")
+        job_file = Path(self._tmp.name) / "job.yaml"
         job_file.write_text(dump_job(spec), encoding="utf-8")
-        cmd = command(rank_program(spec, job_file, job_dir, source, resume), np, controller)
-        env = environment(np, job_file=job_file, job_dir=job_dir,
+        cmd = command(rank_program(spec, job_file, job_dir, source, self.resume), self.np, self.controller)
+        env = environment(self.np, job_file=job_file, job_dir=job_dir,
                           stall_timeout=spec.training.stall_timeout_seconds)
-        env[events.TOKEN_ENV] = token = events.new_token()
-        # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
-        watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
-        return _follow(cmd, env, token, console, watchdog)
+        env[events.TOKEN_ENV] = self.token
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     errors="replace", bufsize=1)  # ranks may print any bytes
+        self.name = spec.name
+        return spec.name
+
+    def _job(self, name: str) -> subprocess.Popen:
+        if self.proc is None or name != self.name:
+            raise LaunchError(f"no local job {name} runs from this launcher")
+        return self.proc
+
+    def status(self, name: str):
+        from hvdk8s.launch.base import FAILED, RUNNING, SUCCEEDED, JobStatus
+
+        code = self._job(name).poll()
+        return JobStatus(name=name, phase=RUNNING if code is None else SUCCEEDED if code == 0 else FAILED,
+                         exit_code=code)
+
+    def logs(self, name: str, follow: bool = True):
+        """The ranks' combined output as it comes (a pipe: read once, and only followed)."""
+        for line in self._job(name).stdout:
+            yield line.rstrip("\n")
+
+    def wait(self, name: str, timeout: Optional[float] = None, on_change=None):
+        from hvdk8s.launch.base import WaitTimeout
+
+        try:
+            self._job(name).wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise WaitTimeout(f"local job {name} still runs after {timeout:g}s") from None
+        self._remove_job_file()
+        status = self.status(name)
+        if on_change:
+            on_change(status)
+        return status
+
+    def delete(self, name: str) -> list[str]:
+        proc = self._job(name)
+        stopped = proc.poll() is None
+        if stopped:
+            proc.terminate()
+            proc.wait()
+        self._remove_job_file()
+        return [f"ranks of {name}"] if stopped else []
+
+    def _remove_job_file(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
 
-def _follow(cmd: list[str], env: dict[str, str], token: str, console, watchdog: Optional[int] = None) -> int:
-    """Run `cmd`, drawing rank 0's events; with `watchdog`, end the job when no event arrives for that
-    many seconds once training started (a hung rank blocks rank 0 in a collective, and a frozen rank
-    also blocks Horovod's own stall check, which runs between collectives)."""
+def _follow(proc: subprocess.Popen, token: str, console, watchdog: Optional[int] = None) -> int:
+    """Draw rank 0's events from the running ranks `proc`; with `watchdog`, end the job when no event
+    arrives for that many seconds once training started (a hung rank blocks rank 0 in a collective, and
+    a frozen rank also blocks Horovod's own stall check, which runs between collectives)."""
     view = _ProgressView(console)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", bufsize=1)  # ranks may print any bytes
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
     launcher_errors = _LauncherTraceback()
@@ -223,6 +294,7 @@ class _ProgressView:
 
     def passthrough(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        self.console.file.flush()  # live through pipes too (`hvdk8s launch ... | tee log`)
 
     def show(self, event: dict) -> None:
         kind = event["event"]
@@ -237,6 +309,7 @@ class _ProgressView:
         text = events.format_text(event)
         style = {"done": "bold green", "epoch": None, "start": "bold"}.get(kind)
         self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+        self.console.file.flush()
 
     def _bar(self, event: dict) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -50,9 +50,13 @@ _TEXT_SHAPES: dict[str, tuple[re.Pattern, dict]] = {
 }
 
 
+# mpirun --tag-output (and horovodrun) put the rank in front of its lines: `[1,0]<stdout>:`, `[0]<stdout>:`.
+_RANK_TAG = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+
+
 def text_event(line: str) -> Optional[dict[str, Any]]:
     """The event a plain-text event line stands for, or None."""
-    line = line.rstrip("\r\n")
+    line = _RANK_TAG.sub("", line.rstrip("\r\n"), count=1)
     for kind, (pattern, kinds) in _TEXT_SHAPES.items():
         m = pattern.match(line)
         if m:

@@ -20,6 +20,20 @@ BIN=$OUT/bin
 say() { printf '\033[1m[k8s-build]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[k8s-build] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
+# What this build and scripts/k8s/start.sh use, from apt when missing (as scripts/setup.sh does).
+need=()
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+command -v kubectl >/dev/null || need+=(kubernetes-client)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null || die "missing ${need[*]}: run as root or install them"; sudo=sudo; }
+  say "installing from apt: ${need[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
 built() {
   [ -x "$BIN/etcd" ] && [ -x "$BIN/kube-apiserver" ] &&
     "$BIN/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes v$K8S_VERSION"
@@ -33,7 +47,7 @@ fi
 for tool in apt-get dpkg-deb python3 tar; do
   command -v "$tool" >/dev/null || die "$tool is needed (a Debian machine)"
 done
-say "building kube-apiserver v$K8S_VERSION and etcd into $OUT (3-7 minutes on 2 cores, once per machine)"
+say "building kube-apiserver v$K8S_VERSION and etcd into $OUT (5-11 minutes on 2 cores, once per machine)"
 mkdir -p "$WORK" "$BIN"
 
 # --- apt, privately: this machine's own mirrors with deb-src added, lists kept under $WORK ----------

@@ -30,6 +30,10 @@ while [ $# -gt 0 ]; do
 done
 started=$SECONDS
 BIN=$(bash "$HERE/build.sh" | tail -n1)
+# A start that fails half-way stops what it started (the API server alone in --apiserver-only mode).
+arm_cleanup() {
+  trap 'code=$?; [ $code -eq 0 ] || bash "$HERE/stop.sh" "$STATE" $([ "$ONLY_APISERVER" = 1 ] && echo --apiserver-only)' EXIT
+}
 
 alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -88,6 +92,7 @@ EOF
 
   # --- etcd --------------------------------------------------------------------------------------------
   say "etcd on 127.0.0.1:$ETCD_PORT"
+  arm_cleanup
   setsid "$BIN/etcd" --name default --data-dir "$STATE/etcd-data" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
@@ -99,6 +104,7 @@ fi
 
 C=$STATE/certs
 say "kube-apiserver on https://127.0.0.1:$API_PORT"
+arm_cleanup
 setsid "$BIN/kube-apiserver" \
   --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" --insecure-port 0 \
   --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
@@ -129,9 +135,14 @@ done
 if [ -n "$CRD" ]; then
   say "installing the CRD in $CRD (kubectl create: plain apply overflows the annotation limit)"
   names=$(kubectl --kubeconfig "$STATE/kubeconfig" create -f "$CRD" -o name)
-  # (stderr: a discovery cache miss before the CRD is served is expected noise)
-  kubectl --kubeconfig "$STATE/kubeconfig" wait --for condition=established --timeout 30s $names \
-    >/dev/null 2>"$STATE/kubectl-wait.log" || { cat "$STATE/kubectl-wait.log" >&2; die "the CRD did not become established"; }
+  for name in $names; do  # Established, as the API server reports it (status appears a moment later)
+    for _ in $(seq 1 240); do
+      [ "$(kubectl --kubeconfig "$STATE/kubeconfig" get "$name" \
+           -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ] && continue 2
+      sleep 0.25
+    done
+    die "$name did not become established in 60s"
+  done
 fi
 say "ready in $((SECONDS - started))s: KUBECONFIG=$STATE/kubeconfig"
 echo "$STATE/kubeconfig"

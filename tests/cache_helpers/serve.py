@@ -9,6 +9,13 @@ class Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client that gave up while the server was stopped has closed its connection
+
+
+server = Server(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
 print(server.server_address[1], flush=True)
 server.serve_forever()

@@ -1,0 +1,104 @@
+"""A node's kubelet log endpoint, served on 127.0.0.1 for the API server to proxy `pods/log` to.
+
+The project's cluster has no kubelet, so no pod ever writes a log. What the API server does for
+`GET /api/v1/namespaces/NS/pods/POD/log?follow=true` is real all the same: it finds the pod's node,
+reads that Node's InternalIP and kubelet port, and streams `GET https://IP:PORT/containerLogs/NS/POD/
+CONTAINER?follow=true` back to the client, over TLS verified against the cluster's CA, with its kubelet
+client certificate. This server is that endpoint: it requires the API server's client certificate, and
+serves each container's log from a `Feed` the test writes to (chunked, as a kubelet streams it).
+"""
+from __future__ import annotations
+
+import http.server
+import ssl
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Optional
+
+
+class Feed:
+    """A container's log: lines appended by the test; `close` ends it (the container exited)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.closed = False
+        self.cond = threading.Condition()
+
+    def write(self, *lines: str) -> None:
+        with self.cond:
+            self.lines.extend(lines)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def read_from(self, index: int, follow: bool, timeout: float = 0.5) -> tuple[list[str], bool]:
+        """Lines after `index`, and whether the log has ended (for a snapshot: always)."""
+        with self.cond:
+            if follow and index >= len(self.lines) and not self.closed:
+                self.cond.wait(timeout)
+            return self.lines[index:], self.closed or not follow
+
+
+class FakeKubelet:
+    def __init__(self, certs: Path):
+        self.feeds: dict[tuple[str, str, str], Feed] = {}
+        self.requests: list[tuple[str, Optional[str]]] = []  # (path, client certificate's CN)
+        kubelet = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                peer = self.connection.getpeercert() or {}
+                cn = next((v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"), None)
+                kubelet.requests.append((self.path, cn))
+                parts = url.path.strip("/").split("/")
+                feed = kubelet.feeds.get(tuple(parts[1:4])) if parts[0] == "containerLogs" and len(parts) == 4 else None
+                if feed is None:
+                    self.send_error(404, "no such container")
+                    return
+                follow = urllib.parse.parse_qs(url.query).get("follow") == ["true"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                sent = 0
+                while True:
+                    lines, ended = feed.read_from(sent, follow)
+                    if lines:
+                        data = "".join(line + "\n" for line in lines).encode()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                        sent += len(lines)
+                    if ended and not feed.read_from(sent, False)[0]:
+                        break
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certs / "kubelet.crt", certs / "kubelet.key")
+        context.load_verify_locations(certs / "ca.crt")
+        context.verify_mode = ssl.CERT_REQUIRED  # only the API server (its kubelet client certificate) gets in
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def feed(self, namespace: str, pod: str, container: str) -> Feed:
+        return self.feeds.setdefault((namespace, pod, container), Feed())
+
+    def close(self) -> None:
+        for feed in self.feeds.values():
+            feed.close()
+        self.server.shutdown()
+        self.server.server_close()

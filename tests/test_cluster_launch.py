@@ -1,0 +1,249 @@
+"""`hvdk8s launch` (cluster), status, wait, list, delete against a real Kubernetes API server.
+
+The API server is real (the project's own etcd + kube-apiserver 1.20.2 on 127.0.0.1, or the cluster
+HVDK8S_TEST_KUBECONFIG names). No mpi-operator runs in the project's cluster: where a test needs the
+job to move, `cluster_helpers.Operator` writes the MPIJob's status subresource through the transitions
+mpi-operator makes (Created, Running, Succeeded or Failed, with replicaStatuses).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import yaml
+
+from cluster_helpers import GROUP, PLURAL, VERSION, Operator, unique
+
+
+@pytest.fixture
+def job(job_file, namespace):
+    """A digits job file for this test's namespace; returns (path, name)."""
+    name = unique("digits")
+    return job_file({"name": name, "kubernetes": {"namespace": namespace}}), name
+
+
+def _objects(cluster, namespace, name):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = cluster.api()
+    try:
+        job = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as e:
+        assert e.status == 404
+        job = None
+    try:
+        cm = api.sanitize_for_serialization(client.CoreV1Api(api).read_namespaced_config_map(f"{name}-job", namespace))
+    except ApiException as e:
+        assert e.status == 404
+        cm = None
+    return job, cm
+
+
+def _served_spec_schema(cluster) -> dict:
+    crd = json.loads(cluster.kubectl("get", "crd", f"{PLURAL}.{GROUP}", "-o", "json").stdout)
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def _without_crd_defaults(created, sent, schema):
+    """`created` less the fields `sent` lacked that hold exactly the schema's default (any other extra stays,
+    and fails the comparison)."""
+    if not isinstance(created, dict) or not isinstance(sent, dict):
+        return created
+    props = (schema or {}).get("properties") or {}
+    kept = {}
+    for key, value in created.items():
+        if key not in sent and "default" in (props.get(key) or {}) and props[key]["default"] == value:
+            continue
+        kept[key] = _without_crd_defaults(value, sent.get(key), props.get(key)) if key in sent else value
+    return kept
+
+
+def _rendered(path):
+    from hvdk8s.entrypoint import carried_files
+    from hvdk8s.mpijob.render import render
+    from hvdk8s.spec import load_job
+
+    spec = load_job(path)
+    return render(spec, carried_files(spec, path.parent, str(path)))
+
+
+def test_launch_creates_exactly_the_rendered_objects(cluster, job, namespace):
+    path, name = job
+    run = cluster.cli("launch", path)
+    assert run.returncode == 0, run.stderr
+    assert f"created mpijob/{name} and configmap/{name}-job in namespace {namespace}" in run.stdout
+    created_job, created_cm = _objects(cluster, namespace, name)
+    rendered_cm, rendered_job = _rendered(path)
+    # The MPIJob as sent, plus only what the served CRD's schema defaults (1.20 applies `default:`s).
+    assert _without_crd_defaults(created_job["spec"], rendered_job["spec"], _served_spec_schema(cluster)) \
+        == rendered_job["spec"]
+    assert created_job["metadata"]["labels"] == rendered_job["metadata"]["labels"]
+    assert created_cm["data"] == rendered_cm["data"]
+    assert created_cm["metadata"]["labels"] == rendered_cm["metadata"]["labels"]
+    # ...and the ConfigMap belongs to the MPIJob, so that deleting the job deletes it.
+    assert created_cm["metadata"]["ownerReferences"] == [{
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "MPIJob", "name": name,
+        "uid": created_job["metadata"]["uid"], "controller": True}]
+
+
+def test_a_second_launch_of_a_job_is_refused_and_changes_nothing(cluster, job, namespace):
+    path, name = job
+    assert cluster.cli("launch", path).returncode == 0
+    before = _objects(cluster, namespace, name)
+    again = cluster.cli("launch", path, "--set", "training.epochs=3")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"mpijob {name} already exists in namespace {namespace} (Pending" in again.stderr
+    assert f"hvdk8s delete {name} -n {namespace}" in again.stderr
+    after = _objects(cluster, namespace, name)
+    assert [o["metadata"]["resourceVersion"] for o in after] == [o["metadata"]["resourceVersion"] for o in before]
+
+
+def test_status_and_wait_follow_created_running_succeeded(cluster, job, namespace):
+    path, name = job
+    assert cluster.cli("launch", path).returncode == 0
+    operator = Operator(cluster.api(), namespace, name)
+    waiting = cluster.popen("wait", name, "-n", namespace, "--timeout", "90s")
+    first = waiting.stderr.readline()  # the wait has read the job (and then watches it)
+    assert first.startswith(f"mpijob/{name}: Pending"), first
+    phases = []
+    for step in (operator.created, lambda: operator.running(workers=1)):
+        step()
+        status = cluster.cli("status", name, "-n", namespace, "-o", "json")
+        assert status.returncode == 0, status.stderr
+        phases.append(json.loads(status.stdout)["phase"])
+    shown = cluster.cli("status", name, "-n", namespace)
+    assert "phase:      Running" in shown.stdout and "Launcher 1 active; Worker 1 active" in shown.stdout
+    assert "MPIJobRunning" in shown.stdout
+    operator.succeeded()
+    out, errors = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, errors
+    assert phases == ["Created", "Running"]
+    order = [errors.find(f"mpijob/{name}: {p}") for p in ("Created", "Running", "Succeeded")]
+    assert -1 not in order and order == sorted(order), errors
+    final = json.loads(cluster.cli("status", name, "-n", namespace, "-o", "json").stdout)
+    assert final["phase"] == "Succeeded" and final["replicaStatuses"]["Launcher"]["succeeded"] == 1
+
+
+def test_wait_exits_1_with_the_operators_message_when_the_job_failed(cluster, job, namespace):
+    path, name = job
+    assert cluster.cli("launch", path).returncode == 0
+    operator = Operator(cluster.api(), namespace, name)
+    operator.created()
+    operator.running()
+    operator.failed(f"MPIJob {namespace}/{name} has failed because 1 Launcher replica(s) failed.")
+    run = cluster.cli("wait", name, "-n", namespace, "-o", "yaml")
+    assert run.returncode == 1, run.stderr
+    final = yaml.safe_load(run.stdout)
+    assert final["phase"] == "Failed" and final["replicaStatuses"]["Launcher"]["failed"] == 1
+    status = cluster.cli("status", name, "-n", namespace)
+    assert "phase:      Failed: MPIJob" in status.stdout and "1 Launcher replica(s) failed" in status.stdout
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_launch_wait_exits_as_the_job_ended(cluster, job, namespace, outcome):
+    path, name = job
+    operator = Operator(cluster.api(), namespace, name)
+
+    def play():  # once the launch has made the job, move it to its end as mpi-operator would
+        from kubernetes.client.exceptions import ApiException
+
+        for _ in range(300):
+            try:
+                operator.created()
+                break
+            except ApiException:
+                time.sleep(0.1)
+        time.sleep(1)
+        operator.running()
+        time.sleep(1)
+        operator.succeeded() if outcome == "succeeded" else operator.failed("launcher failed")
+
+    player = threading.Thread(target=play)
+    player.start()
+    run = cluster.cli("launch", path, "--wait", "--timeout", "90s")
+    player.join()
+    assert run.returncode == (0 if outcome == "succeeded" else 1), run.stdout + run.stderr
+    assert f"mpijob/{name}: {'Succeeded' if outcome == 'succeeded' else 'Failed'}" in run.stderr
+
+
+def test_a_wait_that_times_out_says_so_and_leaves_the_job(cluster, job, namespace):
+    path, name = job
+    assert cluster.cli("launch", path).returncode == 0
+    Operator(cluster.api(), namespace, name).running()
+    began = time.monotonic()
+    run = cluster.cli("wait", name, "-n", namespace, "--timeout", "2s")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"mpijob {name} is still Running after 2s (it goes on running)" in run.stderr
+    assert time.monotonic() - began < 30
+    assert _objects(cluster, namespace, name)[0] is not None
+
+
+def test_delete_removes_what_launch_made(cluster, job, namespace):
+    path, name = job
+    launched = cluster.cli("launch", path, "-o", "json")
+    assert json.loads(launched.stdout)["created"] == [f"mpijob/{name}", f"configmap/{name}-job"]
+    run = cluster.cli("delete", name, "-n", namespace)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == [f"deleted mpijob/{name}", f"deleted configmap/{name}-job"]
+    assert _objects(cluster, namespace, name) == (None, None)
+    again = cluster.cli("delete", name, "-n", namespace)
+    assert again.returncode == 2 and f"no mpijob {name} in namespace {namespace}" in again.stderr
+
+
+def test_list_shows_the_jobs_of_a_namespace(cluster, job_file, namespace):
+    names = [unique("a"), unique("b")]
+    for name in names:
+        path = job_file({"name": name, "kubernetes": {"namespace": namespace}}, name=f"{name}.yaml")
+        assert cluster.cli("launch", path).returncode == 0
+    Operator(cluster.api(), namespace, names[1]).running()
+    run = cluster.cli("list", "-n", namespace)
+    assert run.returncode == 0, run.stderr
+    rows = [line.split() for line in run.stdout.strip().splitlines()]
+    assert rows[0] == ["NAME", "PHASE", "WORKERS", "AGE"]
+    assert [r[:3] for r in rows[1:]] == [[names[0], "Pending", "1"], [names[1], "Running", "1"]]
+    listed = json.loads(cluster.cli("list", "-A", "-o", "json").stdout)
+    assert {(j["namespace"], j["name"]) for j in listed} >= {(namespace, n) for n in names}
+
+
+def test_dry_run_prints_what_would_be_sent_and_sends_nothing(cluster, job, namespace):
+    path, name = job
+    run = cluster.cli("launch", path, "--dry-run")
+    assert run.returncode == 0, run.stderr
+    sent = [d for d in yaml.safe_load_all(run.stdout) if d]
+    rendered_cm, rendered_job = _rendered(path)
+    assert sent == [rendered_job, rendered_cm]  # the MPIJob first: the ConfigMap is owned by it
+    assert json.loads(cluster.cli("launch", path, "--dry-run", "-o", "json").stdout) == sent
+    assert _objects(cluster, namespace, name) == (None, None)
+
+
+def test_the_namespace_comes_from_the_flag_or_the_context(cluster, job_file, namespace):
+    name = unique("ns")
+    path = job_file({"name": name})  # the job file names no namespace
+    run = cluster.cli("launch", path, "-n", namespace)
+    assert run.returncode == 0, run.stderr
+    _, cm = _objects(cluster, namespace, name)
+    assert yaml.safe_load(cm["data"]["job.yaml"])["kubernetes"]["namespace"] == namespace  # what the ranks read
+    # A job file and a flag that disagree are refused, as kubectl refuses them.
+    other = job_file({"name": name, "kubernetes": {"namespace": "elsewhere"}}, name="other.yaml")
+    clash = cluster.cli("launch", other, "-n", namespace)
+    assert clash.returncode == 2 and "the job file says namespace elsewhere, --namespace says" in clash.stderr
+
+
+def test_a_missing_namespace_is_named_and_nothing_is_created(cluster, job_file):
+    name, missing = unique("lost"), unique("no-such-ns")
+    run = cluster.cli("launch", job_file({"name": name, "kubernetes": {"namespace": missing}}))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"namespace {missing} does not exist" in run.stderr and f"kubectl create namespace {missing}" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+    listed = json.loads(cluster.cli("list", "-A", "-o", "json").stdout)
+    assert name not in {j["name"] for j in listed}
+
+
+def test_status_of_an_unknown_job_says_where_it_looked(cluster, namespace):
+    run = cluster.cli("status", "nosuch", "-n", namespace)
+    assert run.returncode == 2
+    assert f"no mpijob nosuch in namespace {namespace}; `hvdk8s list -n {namespace}`" in run.stderr
