@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from hvdk8s.atomic import atomic_write
+from hvdk8s.errors import UserError
 from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
 from hvdk8s.spec import JobSpec, dump_job
 
@@ -245,7 +246,14 @@ def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[
     contents = {"configmap.yaml": to_yaml([configmap]), "mpijob.yaml": to_yaml([job]),
                 "kustomization.yaml": to_yaml([kustomization(spec)])}
     out = Path(directory)  # everything is rendered above, before the first byte is written
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in contents.items():
-        atomic_write(out / name, text)  # 0644: GitOps tools and reviewers read these files
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        blocked = [name for name in contents if (out / name).is_dir()]
+        if blocked:  # found before writing, so no file of the set is replaced alone
+            raise IsADirectoryError(21, "is a directory", str(out / blocked[0]))
+        for name, text in contents.items():
+            atomic_write(out / name, text)  # 0644: GitOps tools and reviewers read these files
+    except OSError as e:
+        where = e.filename or out
+        raise UserError(f"-o {directory}: cannot write {where}: {e.strerror or e}") from None
     return [out / name for name in contents]

@@ -3,6 +3,7 @@ two, never a traceback, a hang or a wrong acceptance. Hypothesis generates many 
 cases are the classes a trial against the CLI found."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -98,3 +99,20 @@ def test_any_override_is_accepted_or_names_its_field(field, value, raw, use_raw)
         assert e.problems and all(isinstance(p, str) and isinstance(m, str) and m for p, m in e.problems)
         top = field.split(".")[0]
         assert any(p.split(".")[0].split("[")[0] in (top, "") for p, _ in e.problems), (field, text, e.problems)
+
+
+def test_render_into_a_bad_destination_names_it_and_leaves_nothing(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    taken = tmp_path / "taken"
+    (taken / "mpijob.yaml").mkdir(parents=True)  # a directory where a rendered file belongs
+    readonly = tmp_path / "readonly"
+    readonly.mkdir(mode=0o555)
+    cases = [blocker / "out", taken]
+    if os.geteuid() != 0:  # root writes through 0555
+        cases.append(readonly)
+    for out in cases:
+        run = cli("render", DIGITS_JOB, "-o", out)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert f"-o {out}: cannot write" in run.stderr
+    assert sorted(p.name for p in taken.iterdir()) == ["mpijob.yaml"]  # nothing else, no temporary file
