@@ -9,7 +9,6 @@ import os
 import sys
 from typing import Any, Optional
 
-from hvdk8s import compression as _compression
 from hvdk8s.schedule import lr_scale
 
 # Verbs (and constants) both adapters export with identical parameters; tests/test_contract.py checks it.
@@ -50,6 +49,3 @@ def rank0_print(rank: int, *args: Any, **kwargs: Any) -> None:
 def scaled_learning_rate(base: float, rule: str, ranks: int, backward_passes_per_step: int) -> float:
     return base * lr_scale(rule, ranks, backward_passes_per_step)
 
-
-def resolve_compression(choice: str, *, on_gpu: bool, nodes: int) -> str:
-    return _compression.resolve(choice, on_gpu=on_gpu, nodes=nodes)

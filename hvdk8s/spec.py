@@ -15,7 +15,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, Field, ValidationError, field_validator,
                       model_validator)
 
-from hvdk8s import compression, precision, safeyaml
+from hvdk8s import compression, precision, safeyaml, schedule
 from hvdk8s.errors import UserError
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
@@ -167,7 +167,7 @@ class TrainingSpec(_Strict):
     learning_rate: float = Field(gt=0.0, allow_inf_nan=False, description="for one rank; scaled by lr_scaling")
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    lr_scaling: Literal["linear", "sqrt", "none"] = Field(
+    lr_scaling: Literal[schedule.LR_SCALING] = Field(
         default="linear", description="how the learning rate grows with the number of ranks")
     warmup_epochs: float = Field(default=0.0, ge=0.0, le=1_000_000, allow_inf_nan=False,
                                  description="epochs over which the rate ramps from learning_rate to its scaled value")

@@ -43,7 +43,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdk8s import _adapter, precision as _precision
+from hvdk8s import _adapter, compression as _compression, precision as _precision
 from hvdk8s._adapter import CONTRACT
 from hvdk8s.schedule import warmup_lr
 
@@ -93,7 +93,7 @@ def verbose() -> int:
 
 def resolve_compression(choice: str = "auto") -> str:
     """'fp16' or 'none': `auto` is fp16 only for GPU jobs that span more than one node."""
-    return _adapter.resolve_compression(choice, on_gpu=bool(tf.config.list_logical_devices("GPU")),
+    return _compression.resolve(choice, on_gpu=bool(tf.config.list_logical_devices("GPU")),
                                         nodes=hvd.cross_size())
 
 

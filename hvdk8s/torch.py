@@ -26,7 +26,7 @@ from typing import Any, Optional
 import horovod.torch as hvd
 import torch
 
-from hvdk8s import _adapter, precision as _precision
+from hvdk8s import _adapter, compression as _compression, precision as _precision
 from hvdk8s._adapter import CONTRACT
 
 rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_size
@@ -70,7 +70,7 @@ def device() -> torch.device:
 
 def resolve_compression(choice: str = "auto") -> str:
     """'fp16' or 'none': `auto` is fp16 only for GPU jobs that span more than one node."""
-    return _adapter.resolve_compression(choice, on_gpu=torch.cuda.is_available(), nodes=hvd.cross_size())
+    return _compression.resolve(choice, on_gpu=torch.cuda.is_available(), nodes=hvd.cross_size())
 
 
 def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_step: int = 1) -> float:
