@@ -111,7 +111,9 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     from hvdk8s import trainer
     from hvdk8s.data.datasets import dataset_root
     from hvdk8s.factories import importable_from
+    from hvdk8s.rankmain import line_buffered_stdout
 
+    line_buffered_stdout()  # whole lines through mpirun, events included
     spec = _load(job, overrides)
     if spec.entrypoint is not None:
         raise UserError(f"{job}: this job runs its own entrypoint; start it with `hvdk8s launch`")

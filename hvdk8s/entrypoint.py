@@ -14,6 +14,7 @@ from hvdk8s.spec import JobFileError, JobSpec
 
 MAX_CARRIED_BYTES = 512 * 1024  # a ConfigMap holds at most 1 MiB, the job file included
 PYTHON_IN_IMAGE = "python"  # the image's venv is first on PATH (Dockerfile.gpu)
+RANK_MAIN = "hvdk8s.rankmain"  # runs the script with whole-line writes (see there)
 
 
 def local_script(spec: JobSpec, job_dir: Path, source: str) -> Path:
@@ -30,17 +31,17 @@ def local_argv(spec: JobSpec, job_dir: Path, source: str) -> list[str]:
     """What each local rank runs, with this interpreter."""
     e = spec.entrypoint
     if e.module is not None:
-        return [sys.executable, "-m", e.module, *e.args]
-    return [sys.executable, str(local_script(spec, job_dir, source)), *e.args]
+        return [sys.executable, "-m", RANK_MAIN, "--module", e.module, *e.args]
+    return [sys.executable, "-m", RANK_MAIN, "--script", str(local_script(spec, job_dir, source)), *e.args]
 
 
 def cluster_argv(spec: JobSpec, carried_dir: str) -> list[str]:
     """What each rank runs in the image: the carried script under `carried_dir`, or code in the image."""
     e = spec.entrypoint
     if e.module is not None:
-        return [PYTHON_IN_IMAGE, "-m", e.module, *e.args]
+        return [PYTHON_IN_IMAGE, "-m", RANK_MAIN, "--module", e.module, *e.args]
     script = f"{carried_dir}/{e.script_name}" if e.carried else e.script
-    return [PYTHON_IN_IMAGE, script, *e.args]
+    return [PYTHON_IN_IMAGE, "-m", RANK_MAIN, "--script", script, *e.args]
 
 
 def carried_files(spec: JobSpec, job_dir: Optional[Path], source: str) -> dict[str, str]:

@@ -120,9 +120,12 @@ def test_the_local_back_end_through_the_protocol(tmp_path):
 
     (tmp_path / "hello.py").write_text(textwrap.dedent("""
         import sys, time
+        import torch
         import horovod.torch as hvd
         hvd.init()
-        print(f"rank {hvd.rank()} of {hvd.size()}", flush=True)
+        hvd.allreduce(torch.zeros(1), name="together")  # both ranks print at once below
+        for i in range(200):  # unbuffered print writes text and newline apart; lines must still come whole
+            print(f"rank {hvd.rank()} of {hvd.size()} line {i}")
         if len(sys.argv) > 1:
             time.sleep(float(sys.argv[1]))
     """))
@@ -135,7 +138,8 @@ def test_the_local_back_end_through_the_protocol(tmp_path):
     lines = list(launcher.logs("hello", follow=True))
     final = launcher.wait("hello", timeout=120)
     assert final.phase == "Succeeded" and final.exit_code == 0
-    assert sorted(line.split(">:", 1)[-1] for line in lines if "rank " in line) == ["rank 0 of 2", "rank 1 of 2"]
+    said = sorted(line.split(">:", 1)[-1] for line in lines if "rank " in line)
+    assert said == sorted(f"rank {r} of 2 line {i}" for r in range(2) for i in range(200)), lines[:20]
 
     (tmp_path / "slow.yaml").write_text("name: slow\nframework: pytorch\n"
                                       "entrypoint: {script: hello.py, args: ['600']}\ntraining: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")

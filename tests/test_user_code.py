@@ -46,7 +46,8 @@ def test_own_script_trains_checkpoints_resumes_and_renders(tmp_path):
     assert configmap["data"]["train.py"] == (EXAMPLES / "script" / "train.py").read_text()
     mpijob = yaml.safe_load((out / "mpijob.yaml").read_text())
     launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    assert launcher["command"][-4:] == ["python", "/etc/hvdk8s/train.py", "--hidden", "64"]
+    assert launcher["command"][-7:] == ["python", "-m", "hvdk8s.rankmain", "--script", "/etc/hvdk8s/train.py",
+                                       "--hidden", "64"]
     assert "HVDK8S_JOB" in launcher["command"]  # forwarded to every rank: hvdk8s.job() finds the job
     worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert {"name": "job", "mountPath": "/etc/hvdk8s", "readOnly": True} in worker["containers"][0]["volumeMounts"]
@@ -152,8 +153,8 @@ def test_entrypoint_errors_name_the_field(tmp_path, entrypoint, field, message):
 def test_entrypoint_in_the_image_renders_its_own_path(tmp_path):
     job = tmp_path / "job.yaml"
     base = {"name": "in-image", "framework": "pytorch", "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}
-    for entrypoint, tail in (({"script": "/app/train.py", "code": "image", "args": ["-v"]}, ["python", "/app/train.py", "-v"]),
-                             ({"module": "my_pkg.train"}, ["python", "-m", "my_pkg.train"])):
+    for entrypoint, tail in (({"script": "/app/train.py", "code": "image", "args": ["-v"]}, ["python", "-m", "hvdk8s.rankmain", "--script", "/app/train.py", "-v"]),
+                             ({"module": "my_pkg.train"}, ["python", "-m", "hvdk8s.rankmain", "--module", "my_pkg.train"])):
         job.write_text(yaml.safe_dump({**base, "entrypoint": entrypoint}))
         run = cli("render", job)
         assert run.returncode == 0, run.stderr

@@ -1,0 +1,41 @@
+"""Run a job's own script or module as a rank's `__main__`, its stdout written a whole line at a time.
+
+Why: mpirun forwards each rank's output in the chunks the rank writes, and `--tag-output` tags each
+chunk. Unbuffered Python (`-u`, PYTHONUNBUFFERED) writes `print`'s text and its newline separately, so
+two ranks' lines interleave mid-line; block buffering instead holds output back until exit. A
+line-buffered stdout is both live and whole.
+
+    python -m hvdk8s.rankmain --script PATH [ARGS...]
+    python -m hvdk8s.rankmain --module NAME [ARGS...]
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def line_buffered_stdout() -> None:
+    """One write per line on stdout from here on, PYTHONUNBUFFERED or not (which the launchers set so that
+    processes a rank starts stay live)."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)  # absent where stdout was replaced
+    if reconfigure is not None:
+        reconfigure(line_buffering=True, write_through=False)  # also under PYTHONUNBUFFERED
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[0] not in ("--script", "--module"):
+        sys.exit("usage: python -m hvdk8s.rankmain --script PATH | --module NAME [ARGS...]")
+    kind, target, args = argv[0], argv[1], argv[2:]
+    line_buffered_stdout()
+    if kind == "--module":
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python PATH` sets it
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
