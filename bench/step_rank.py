@@ -1,38 +1,149 @@
-"""One rank of the allreduce-defaults benchmark: times training steps of a synthetic model.
+"""One rank of a step-time benchmark: the same model, batch and threads under each way of training.
 
-argv: OUT_JSON COMPRESSION STEPS. Prints nothing; rank 0 writes {"seconds_per_step": ...}."""
+    python -m hvdk8s.bench.step_rank CONFIG_JSON
+
+CONFIG_JSON: {"mode": "plain" | "hvdk8s" | "horovod" | "ddp", "model": "mlp" | "resnet" | "transformer",
+"steps": N, "warmup": N, "batch": N, "compression": "none" | "fp16", "out": PATH, "forever": false}.
+Rank 0 writes {"seconds_per_step": ...} to `out`: the wall time between two barriers over `steps`
+steps (what the job as a whole runs at). `forever` trains until killed (the contending job).
+"""
+from __future__ import annotations
+
 import json
+import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-import hvdk8s.torch as ht
-from hvdk8s.models import build
-
-out, compression, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ht.init()
-torch.manual_seed(0)
-# ~4.3M parameters: large enough that the allreduce matters, small enough for 2 CPU cores.
-model = build("mlp", "pytorch", {"hidden": [1024, 1024, 1024]}, input_shape=[3, 32, 32], num_classes=10)
-opt = ht.distribute(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), compression=compression)
-x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
-
-
-def step():
-    opt.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
+# name: (registry model, its arguments, dataset info). Sizes a 2-core machine runs in tens of
+# milliseconds per step; the same for every mode.
+MODELS = {
+    "mlp": ("mlp", {"hidden": [1024, 1024, 1024, 1024]}, {"input_shape": [3, 32, 32], "num_classes": 10}),  # 6.3M
+    "resnet": ("resnet", {"depth": 20}, {"input_shape": [3, 32, 32], "num_classes": 10}),  # 0.27M, conv-heavy
+    "transformer": ("transformer", {"d_model": 128, "heads": 4, "layers": 2, "d_ff": 512},
+                    {"vocab_size": 1000, "seq_len": 64}),
+    # Many small tensors: what Horovod's fusion buffer and cycle time are for.
+    "many-small": ("mlp", {"hidden": [64] * 48}, {"input_shape": [64], "num_classes": 10}),
+}
 
 
-for _ in range(3):  # warm-up: allocations, Horovod's response cache
-    step()
-ht.allreduce(torch.zeros(1), name="bench.barrier")
-start = time.perf_counter()
-for _ in range(steps):
-    step()
-elapsed = ht.metric_average(time.perf_counter() - start, name="bench.elapsed")
-if ht.rank() == 0:
-    with open(out, "w") as f:
-        json.dump({"seconds_per_step": elapsed / steps, "compression": ht.resolve_compression(compression)}, f)
+def build(name: str) -> tuple[torch.nn.Module, dict]:
+    from hvdk8s.models import build as build_model
+
+    registered, args, info = MODELS[name]
+    torch.manual_seed(0)
+    return build_model(registered, "pytorch", args, **info), info
+
+
+def batch(name: str, size: int, info: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    if name == "transformer":
+        tokens = torch.randint(0, info["vocab_size"], (size, info["seq_len"] + 1), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
+    return torch.randn(size, *info["input_shape"], generator=g), torch.randint(0, info["num_classes"], (size,), generator=g)
+
+
+def loss_of(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if name == "transformer":
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    return F.cross_entropy(out, y)
+
+
+class Mode:
+    """init, wrap and barrier for one way of training."""
+
+    def __init__(self, kind: str, compression: str):
+        self.kind, self.compression = kind, compression
+        cores = os.cpu_count() or 1
+        self.device = torch.device("cpu")
+        if kind == "hvdk8s":
+            import hvdk8s.torch as ht
+            ht.init()  # its own thread share, or the local rank's GPU
+            self.rank, self.lib, self.device = ht.rank(), ht, ht.device()
+        elif kind == "horovod":
+            import horovod.torch as hvd
+            hvd.init()
+            torch.set_num_threads(max(1, cores // hvd.local_size()))
+            self.rank, self.lib = hvd.rank(), hvd
+            if torch.cuda.is_available():
+                self.device = torch.device("cuda", hvd.local_rank())
+        elif kind == "ddp":
+            import torch.distributed as dist
+            gpu = torch.cuda.is_available()
+            dist.init_process_group("nccl" if gpu else "gloo")
+            torch.set_num_threads(max(1, cores // int(os.environ["LOCAL_WORLD_SIZE"])))
+            self.rank, self.lib = dist.get_rank(), dist
+            if gpu:
+                self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+                torch.cuda.set_device(self.device)
+        else:
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", cores)))
+            self.rank, self.lib = 0, None
+
+    def wrap(self, model, optimizer):
+        if self.kind == "hvdk8s":
+            return model, self.lib.distribute(model, optimizer, compression=self.compression)
+        if self.kind == "horovod":
+            hvd = self.lib
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            comp = hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none
+            return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                   compression=comp)
+        if self.kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            ddp = DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+            if self.compression == "fp16":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            return ddp, optimizer
+        return model, optimizer
+
+    def barrier(self) -> None:
+        if self.kind in ("hvdk8s", "horovod"):
+            self.lib.allreduce(torch.zeros(1), name="bench.barrier")
+            self.sync()
+        elif self.kind == "ddp":
+            self.lib.barrier()
+            self.sync()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def seconds_per_step(config: dict, mode: Mode) -> float:
+    """Wall seconds per training step of config's model, between two barriers (the same on every rank)."""
+    model, info = build(config["model"])
+    model, optimizer = mode.wrap(model.to(mode.device), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    x, y = (t.to(mode.device) for t in batch(config["model"], config["batch"], info))
+
+    def step():
+        optimizer.zero_grad()
+        loss_of(config["model"], model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(config.get("warmup", 3)):  # allocations, Horovod's response cache, DDP's buckets
+        step()
+    if config.get("forever"):
+        while True:
+            step()
+    mode.barrier()
+    start = time.perf_counter()
+    for _ in range(config["steps"]):
+        step()
+    mode.barrier()
+    return (time.perf_counter() - start) / config["steps"]
+
+
+def main(config: dict) -> None:
+    mode = Mode(config["mode"], config.get("compression", "none"))
+    seconds = seconds_per_step(config, mode)
+    if mode.rank == 0:
+        with open(config["out"], "w") as f:
+            json.dump({"seconds_per_step": seconds}, f)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

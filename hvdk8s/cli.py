@@ -320,6 +320,47 @@ def cache_manifest(directory: str) -> None:
     click.echo(str(dc.write_manifest(directory)))
 
 
+@cli.command()
+@click.option("--quick", is_flag=True, help="Small sizes, one repeat: a smoke run in seconds, not a measurement.")
+@click.option("--only", multiple=True, metavar="NAMES",
+              help="Run only these benchmarks (comma-separated or repeated): wrapper, trainer, peers, allreduce, "
+                   "scaling, knobs, tf_fit, tf_input, loader.")
+@click.option("-o", "--output", default="bench-results", show_default=True, type=click.Path(file_okay=False),
+              help="Where results.json, README.md and the plots go (or the rendered MPIJobs, with --render).")
+@click.option("--render", "render_job", type=click.Path(dir_okay=False), metavar="JOB",
+              help="Render the cluster benchmark for JOB's GPU nodes: two MPIJobs, with RDMA and without.")
+@click.option("--from-logs", "logs", multiple=True, type=click.Path(dir_okay=False), metavar="LOG",
+              help="Write the report of the cluster benchmark from its launchers' logs.")
+@_set_option
+def bench(quick: bool, only: Sequence[str], output: str, render_job: str | None, logs: Sequence[str],
+          overrides: Sequence[str]) -> None:
+    """Benchmarks as ratios against baselines measured in the same run: the wrapper, the trainer, DDP and
+    raw Horovod, allreduce with fp16, scaling, Horovod's knobs, TensorFlow, the input pipelines."""
+    from hvdk8s.bench import run as runner
+
+    if render_job and logs:
+        raise UserError("--render, --from-logs: one at a time (render the jobs, run them, then read their logs)")
+    if overrides and not render_job:
+        raise UserError("--set: only with --render (it edits JOB)")
+    if render_job:
+        from hvdk8s.bench import cluster
+
+        spec = _load(render_job, overrides)
+        for path in cluster.render(spec, render_job, output):
+            click.echo(str(path))
+        return
+    out = runner.prepare_output(output)
+    if logs:
+        from hvdk8s.bench import cluster, report
+
+        report.write(out, cluster.comparisons(cluster.read_logs(list(logs))), {"source": "cluster logs"}, False)
+        click.echo(str(out / "README.md"))
+        return
+    names = runner.chosen(only)
+    runner.run(names, quick, out, lambda text: err.print(text, highlight=False, markup=False))
+    click.echo(str(out / "README.md"))
+
+
 for _command in cli_cluster.COMMANDS:  # status, logs, wait, list, delete
     cli.add_command(_command)
 

@@ -14,10 +14,11 @@ only (grouped_allreduce, broadcast, fp16 compression), which work with TF 2.16+ 
     model.fit(data, callbacks=htf.callbacks(), verbose=htf.verbose())
 
 The distributed optimizer averages gradients inside `optimizer.apply`, which both `model.fit` and a
-custom `GradientTape` loop (`optimizer.apply(grads, model.trainable_variables)`) go through. A built
-model's variables and the optimizer's state are broadcast from root_rank by `distribute` itself, so a
-custom loop is consistent from its first step; for a model built later, `callbacks()` broadcasts when
-`fit` starts (or call `broadcast_state` yourself).
+custom `GradientTape` loop (`optimizer.apply(grads, model.trainable_variables)`) go through; with
+backward_passes_per_step > 1, once per update, on the accumulated gradients (per micro-batch for a
+LossScaleOptimizer, see below). A built model's variables and the optimizer's state are broadcast from
+root_rank by `distribute` itself, so a custom loop is consistent from its first step; for a model built
+later, `callbacks()` broadcasts when `fit` starts (or call `broadcast_state` yourself).
 
 Gradient clipping: the optimizer's own `global_clipnorm` (or `clipnorm`) acts inside `apply` after the
 allreduce, i.e. on the gradients averaged over all ranks — as one process on the whole batch would.
@@ -121,10 +122,41 @@ def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str =
 
 
 class _Distributed:
-    """Mixed into a Keras optimizer class: average gradients across ranks before applying them, i.e.
-    before the clipping, the loss-scale check and the update that the optimizer's own `apply` does."""
+    """Mixed into a Keras optimizer class (through one of the two below): average gradients across
+    ranks before the optimizer uses them, i.e. before its clipping, loss-scale check and update."""
 
     _hvdk8s_reduce: dict = {}
+
+
+class _ReduceBeforeClip(_Distributed):
+    """A plain optimizer's: Keras 3 calls `_clip_gradients` once per update, on the very gradients it
+    is about to apply (with gradient_accumulation_steps, the mean of the accumulated micro-batches), just
+    before clipping and weight decay. Reducing there costs one allreduce per update, not one per
+    micro-batch. (Variables that Keras overwrites with their gradient, float8 scaling state, are set
+    before it and are not reduced.)"""
+
+    _hvdk8s_in_apply = False
+
+    def apply(self, grads, trainable_variables=None):
+        # Reduce only within this apply (also while model.fit traces it): the base class's apply called
+        # directly, `keras.optimizers.SGD.apply(opt, ...)`, stays a local step, as it always was.
+        self._hvdk8s_in_apply = True
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            self._hvdk8s_in_apply = False
+
+    def _clip_gradients(self, grads):
+        if self._hvdk8s_in_apply:
+            grads = allreduce_gradients(list(grads), **self._hvdk8s_reduce)
+        return super()._clip_gradients(grads)
+
+
+class _ReduceInApply(_Distributed):
+    """A LossScaleOptimizer's: every micro-batch is reduced in `apply`, before the finiteness check, so
+    that all ranks see the same gradients and take the same branch. Once per update inside the inner
+    optimizer would deadlock: a rank whose local gradients overflowed skips the inner apply, and with it
+    the allreduce that the other ranks wait in (and its accumulation would fall out of step)."""
 
     def apply(self, grads, trainable_variables=None):
         return super().apply(allreduce_gradients(list(grads), **self._hvdk8s_reduce), trainable_variables)
@@ -149,7 +181,8 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
     resolve_compression(compression)  # a bad choice fails here, not at the first step
     inspect.signature(hvd.grouped_allreduce).bind([], **horovod_options)  # likewise an unknown option
     reduce = {"compression": compression, "op": op, **horovod_options}
-    dist_cls = type(type(optimizer).__name__, (_Distributed, type(optimizer)), {"_hvdk8s_reduce": reduce})
+    mixin = _ReduceInApply if lso else _ReduceBeforeClip
+    dist_cls = type(type(optimizer).__name__, (mixin, type(optimizer)), {"_hvdk8s_reduce": reduce})
 
     if lso:
         # Built directly rather than by from_config, which looks the inner class up by its registered

@@ -99,7 +99,7 @@ fi
 # Everything hvdk8s needs, pinned by what the last online install resolved, is kept as wheels so
 # that set-ups in other clones on this machine install offline (pip's own cache is often disabled).
 wheelhouse=$CACHE/wheelhouse-$(cat "$CONSTRAINTS" "$ROOT/setup.py" | sha256sum | cut -c1-12)
-extras="$ROOT[torch,tensorflow,train,remote,validate,cluster,test]"
+extras="$ROOT[torch,tensorflow,train,remote,validate,cluster,bench,test]"
 if [ -f "$wheelhouse/requirements.txt" ]; then
   say "installing from the local wheelhouse $wheelhouse"
   pip_install --no-index --find-links "$wheelhouse" -r "$wheelhouse/requirements.txt" "$wheel"

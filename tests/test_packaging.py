@@ -6,7 +6,8 @@ import zipfile
 
 from conftest import ROOT
 
-FOLDERS = {"hvdk8s": "hvdk8s", "mpijob": "hvdk8s/mpijob", "models": "hvdk8s/models", "data": "hvdk8s/data"}
+FOLDERS = {"hvdk8s": "hvdk8s", "mpijob": "hvdk8s/mpijob", "models": "hvdk8s/models", "data": "hvdk8s/data",
+           "bench": "hvdk8s/bench"}
 
 
 def test_the_wheel_holds_every_module_and_no_generic_top_level_name(tmp_path):

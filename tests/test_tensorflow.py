@@ -51,6 +51,13 @@ def test_half_batches_on_two_ranks_equal_the_whole_batch(results):
         assert r["equivalence"]["fit_fp32"]["max_abs_diff"] < 1e-5
 
 
+def test_accumulated_micro_batches_on_two_ranks_equal_one_process(results):
+    """backward_passes_per_step=2 in model.fit: one allreduce per update, inside the graph's update branch."""
+    for r in results:
+        accumulated = r["equivalence"]["fit_accumulated"]
+        assert accumulated["updates"] == 2 and accumulated["max_abs_diff"] < 1e-5
+
+
 def test_fp16_compression_stays_within_its_rounding(results):
     for r in results:
         fp16 = r["equivalence"]["tape_fp16"]

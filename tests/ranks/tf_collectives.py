@@ -119,20 +119,25 @@ def clip_sensitivity():
     return LR * max(float(np.max(np.abs(a - b))) for a, b in zip(after, before))
 
 
-def fit_equivalence():
+def fit_equivalence(passes=1):
+    """2 updates of 64 samples, in `passes` micro-batches each (accumulated by both models)."""
     model, ref = twins()
-    model.compile(optimizer=htf.distribute(model, keras.optimizers.SGD(LR, momentum=0.9)), loss=xent,
-                  jit_compile=False)
-    ref.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9), loss=xent, jit_compile=False)
-    x, y = images.reshape(-1, 1, 8, 8)[:128], labels.reshape(-1)[:128]  # 2 global steps of 64
-    idx = np.concatenate([np.arange(s * 64 + rank * half, s * 64 + (rank + 1) * half) for s in range(2)])
-    model.fit(x[idx], y[idx], batch_size=half, epochs=1, shuffle=False, verbose=0, callbacks=htf.callbacks())
-    ref.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
-    return compare(model, ref, [], LR)
+    model.compile(optimizer=htf.distribute(model, keras.optimizers.SGD(LR, momentum=0.9),
+                                           backward_passes_per_step=passes), loss=xent, jit_compile=False)
+    ref.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.9, gradient_accumulation_steps=passes if passes > 1
+                                               else None), loss=xent, jit_compile=False)
+    micro = 64 // passes
+    part = micro // size
+    x, y = images.reshape(-1, 1, 8, 8)[:128], labels.reshape(-1)[:128]
+    idx = np.concatenate([np.arange(s * micro + rank * part, s * micro + (rank + 1) * part)
+                          for s in range(128 // micro)])
+    model.fit(x[idx], y[idx], batch_size=part, epochs=1, shuffle=False, verbose=0, callbacks=htf.callbacks())
+    ref.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
+    return {**compare(model, ref, [], LR), "updates": int(model.optimizer.iterations)}
 
 
 eq = res["equivalence"] = {"tape_fp32": tape_equivalence("none", 3)[0], "tape_fp16": tape_equivalence("fp16", 1)[0],
-                           "fit_fp32": fit_equivalence()}
+                           "fit_fp32": fit_equivalence(), "fit_accumulated": fit_equivalence(passes=2)}
 eq["tape_clipped"], clipped_ref = tape_equivalence("none", 3, global_clipnorm=CLIP)
 eq["tape_clipped"].update(clipnorm=CLIP, clip_before_average_diff=clip_sensitivity())
 

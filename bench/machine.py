@@ -1,0 +1,51 @@
+"""The machine a report was measured on: CPU, cores, memory and the versions that matter."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30), 1)
+    except (ValueError, OSError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _mpirun_version() -> str | None:
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out else None
+
+
+def describe() -> dict:
+    return {
+        "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
+        "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+        "torch": _version("torch"), "tensorflow": _version("tensorflow-cpu") or _version("tensorflow"),
+        "keras": _version("keras"), "horovod": _version("horovod"), "mpi": _mpirun_version(),
+        "hvdk8s": _version("hvdk8s"),
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }

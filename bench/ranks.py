@@ -1,0 +1,78 @@
+"""Starting benchmark ranks: plain processes, Horovod ranks (horovodrun, as `launch --local` starts
+them) and torch.distributed ranks (torchrun, gloo), each given the same share of the cores."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from hvdk8s.launch import local
+
+STEP_RANK = "hvdk8s.bench.step_rank"
+TIMEOUT = 1200
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def _argv(program: list[str], mode: str, np: int, controller: str = local.DEFAULT_CONTROLLER) -> list[str]:
+    if mode in ("hvdk8s", "horovod"):
+        return local.command(program, np, controller)
+    if mode == "ddp":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={np}",
+                *program[1:]]  # torchrun takes `-m module` itself
+    if np != 1:
+        raise BenchError(f"mode {mode} runs one process, not {np}")
+    return program
+
+
+def _env(np: int, extra: Optional[dict]) -> dict:
+    env = local.environment(np)
+    env.pop("HVDK8S_EVENTS", None)
+    for name, value in (extra or {}).items():
+        if value is None:
+            env.pop(name, None)  # unset: e.g. Horovod's own default instead of hvdk8s's
+        else:
+            env[name] = value
+    return env
+
+
+def run_json(module: str, config: dict, mode: str, np: int, env: Optional[dict] = None,
+             controller: str = local.DEFAULT_CONTROLLER) -> dict:
+    """Run `python -m module CONFIG` as `np` ranks of `mode`; the JSON rank 0 wrote to config['out']."""
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        program = [sys.executable, "-m", module, json.dumps({**config, "out": str(out)})]
+        proc = subprocess.run(_argv(program, mode, np, controller), env=_env(np, env), capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        if proc.returncode != 0 or not out.exists():
+            raise BenchError(f"{mode} x{np} {module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def step_seconds(config: dict, mode: str, np: int, env: Optional[dict] = None,
+                 controller: str = local.DEFAULT_CONTROLLER) -> float:
+    return run_json(STEP_RANK, {**config, "mode": mode}, mode, np, env, controller)["seconds_per_step"]
+
+
+@contextlib.contextmanager
+def contending_job(model: str = "mlp", np: int = 2):
+    """A second 2-rank job (torch DDP, training until stopped) beside whatever runs inside."""
+    program = [sys.executable, "-m", STEP_RANK,
+               json.dumps({"mode": "ddp", "model": model, "batch": 32, "steps": 0, "forever": True, "out": ""})]
+    env = _env(np, None)
+    proc = subprocess.Popen(_argv(program, "ddp", np), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

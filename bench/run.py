@@ -1,0 +1,60 @@
+"""`hvdk8s bench`: run the chosen benchmarks in order and write their report."""
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import Sequence
+
+from hvdk8s.errors import UserError
+
+# name: (where its run(quick) lives, what it measures). Order: the report's.
+BENCHMARKS = {
+    "wrapper": ("hvdk8s.bench.wrapper:run", "hvdk8s.torch at 1 rank vs plain PyTorch"),
+    "trainer": ("hvdk8s.bench.trainer:run", "hvdk8s train vs a hand-written Horovod loop, 2 ranks"),
+    "peers": ("hvdk8s.bench.peers:run", "2-rank step: hvdk8s vs torch DDP vs raw Horovod, idle and contended"),
+    "allreduce": ("hvdk8s.bench.allreduce:run", "allreduce 1 KB-256 MB, fp32 vs fp16, bus bandwidth"),
+    "scaling": ("hvdk8s.bench.peers:run_scaling", "samples/s at 1 and 2 ranks"),
+    "knobs": ("hvdk8s.bench.knobs:run", "fusion threshold, cycle time, contention settings"),
+    "tf_fit": ("hvdk8s.bench.tf_fit:run", "Keras model.fit through hvdk8s.tensorflow vs plain Keras"),
+    "tf_input": ("hvdk8s.bench.tf_input:run", "the TensorFlow input pipeline vs the PyTorch loader"),
+    "loader": ("hvdk8s.bench.loader_prefetch:run", "loader prefetch on a shard dataset from disk"),
+}
+
+
+def chosen(only: Sequence[str]) -> list[str]:
+    """Benchmark names from --only (repeated or comma-separated); all of them when empty."""
+    names = [n.strip() for item in only for n in item.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise UserError(f"--only: unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    return [n for n in BENCHMARKS if n in names] if names else list(BENCHMARKS)
+
+
+def prepare_output(output: str) -> Path:
+    out = Path(output)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".hvdk8s-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"--output: cannot write to {output} ({e.strerror or e})") from None
+    return out
+
+
+def run(names: list[str], quick: bool, out: Path, say) -> list:
+    from hvdk8s.bench import machine, report
+
+    described = machine.describe()
+    results = []
+    for name in names:
+        where, what = BENCHMARKS[name]
+        module, func = where.split(":")
+        say(f"{name}: {what} ...")
+        began = time.monotonic()
+        comparison = getattr(importlib.import_module(module), func)(quick)
+        results.append(comparison)
+        say(f"{name}: done in {time.monotonic() - began:.0f}s")
+        report.write(out, results, described, quick)  # after each: a long run's finished parts survive
+    return results

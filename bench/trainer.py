@@ -1,0 +1,55 @@
+"""2. Trainer overhead: `hvdk8s train` at 2 ranks against the hand-written Horovod loop
+(hvdk8s.bench.handwritten_rank) over the same model, data, batch and optimizer: training samples/s of
+the last epoch (the first pays for warm-up). Target: at least 0.97x."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from hvdk8s import events
+from hvdk8s.bench.core import Comparison, Row, interleaved
+from hvdk8s.bench.ranks import TIMEOUT, BenchError, _env, run_json
+from hvdk8s.launch import local
+
+
+def job(quick: bool, directory: Path) -> Path:
+    path = directory / "bench-trainer.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "bench-trainer", "framework": "pytorch",
+        "model": {"name": "mlp", "args": {"hidden": [512, 512]}},
+        "dataset": {"name": "synthetic-images", "args": {"samples": 1024 if quick else 8192, "shape": [3, 32, 32]},
+                    "test_fraction": 0.1},
+        "training": {"epochs": 2 if quick else 3, "batch_size": 32, "learning_rate": 0.01, "momentum": 0.9,
+                     "lr_scaling": "linear", "warmup_epochs": 0, "compression": "none", "seed": 1},
+    }))
+    return path
+
+
+def trainer_samples_per_s(job_file: Path, np: int = 2) -> float:
+    token = events.new_token()
+    env = _env(np, {"HVDK8S_EVENTS": "json", events.TOKEN_ENV: token})
+    cmd = local.command([sys.executable, "-m", "hvdk8s", "train", str(job_file), "--no-resume"], np)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    epochs = [e for e in map(lambda line: events.parse(line, token), proc.stdout.splitlines())
+              if e and e["event"] == "epoch"]
+    if proc.returncode != 0 or not epochs:
+        raise BenchError(f"hvdk8s train failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+    return epochs[-1]["samples_per_s"]
+
+
+def run(quick: bool) -> Comparison:
+    repeats = 1 if quick else 3
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
+        job_file = job(quick, Path(tmp))
+        samples = interleaved({
+            "hand-written Horovod": lambda: run_json("hvdk8s.bench.handwritten_rank", {"job": str(job_file)},
+                                                     "horovod", 2)["samples_per_s"][-1],
+            "hvdk8s train": lambda: trainer_samples_per_s(job_file),
+        }, repeats)
+    return Comparison("trainer", "Trainer overhead: hvdk8s train vs a hand-written Horovod loop, 2 ranks, MLP",
+                      "samples/s", higher_is_better=True, baseline="hand-written Horovod",
+                      rows=[Row(config=c, samples=s) for c, s in samples.items()], target=">= 0.97x")

@@ -1,0 +1,93 @@
+"""`hvdk8s bench`: the pieces a quick CI run (.ci/run) does not prove, and bad input.
+
+No timing is asserted anywhere: numbers belong in the report, not in tests."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, cli
+from hvdk8s.bench.core import Comparison, Row, interleaved
+
+GPU_JOB = ROOT / "tests" / "golden" / "gpu-4x8-rdma" / "job.yaml"
+
+
+def test_ratios_are_against_the_baseline_of_each_group():
+    c = Comparison("x", "t", "ms", False, {"a": "base", "b": "other"},
+                   [Row("base", [2.0, 4.0, 3.0], group="a"), Row("new", [6.0], group="a"),
+                    Row("other", [1.0], group="b"), Row("new", [5.0], group="b"), Row("lone", [1.0], group="c")])
+    assert [c.ratio(r) for r in c.rows] == [1.0, 2.0, 1.0, 5.0, None]
+    assert c.to_json()["rows"][1] == {**c.to_json()["rows"][1], "median": 6.0, "ratio": 2.0}
+
+
+def test_configurations_are_measured_in_turn():
+    order = []
+    samples = interleaved({"a": lambda: order.append("a") or 1.0, "b": lambda: order.append("b") or 2.0}, 3)
+    assert order == ["a", "b"] * 3 and samples == {"a": [1.0] * 3, "b": [2.0] * 3}
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--only", "wrapper,nope"), "--only: unknown benchmark nope"),
+    (("--render", GPU_JOB, "--from-logs", GPU_JOB), "--render, --from-logs: one at a time"),
+    (("--set", "name=x"), "--set: only with --render"),
+    (("-o", "/proc/hvdk8s-bench"), "--output: cannot write to /proc/hvdk8s-bench"),
+])
+def test_bad_arguments_are_one_line(args, says):
+    run = cli("bench", *args)
+    assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_the_cluster_benchmark_renders_two_valid_mpijobs_with_and_without_rdma(tmp_path):
+    from hvdk8s.mpijob import validate as mv
+
+    run = cli("bench", "--render", GPU_JOB, "-o", tmp_path)
+    assert run.returncode == 0, run.stderr
+    jobs = {label: yaml.safe_load((tmp_path / label / "mpijob.yaml").read_text()) for label in ("rdma", "tcp")}
+    for label, job in jobs.items():
+        assert job["metadata"]["name"] == f"lm-4x8-rdma-bench-{label}"
+        assert mv.validate_mpijob(job) == []
+        launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+        assert launcher["command"][-3:] == ["--module", "hvdk8s.bench.cluster_rank", label]
+        assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4  # the job's nodes, as written
+    worker = {label: json.dumps(job["spec"]["mpiReplicaSpecs"]["Worker"]) for label, job in jobs.items()}
+    assert "rdma/rdma_shared_device_a" in worker["rdma"] and "rdma/rdma_shared_device_a" not in worker["tcp"]
+
+
+def test_the_cluster_benchmark_needs_a_gpu_job_with_rdma_configured(tmp_path):
+    run = cli("bench", "--render", ROOT / "examples" / "digits.yaml", "-o", tmp_path)
+    assert run.returncode == 2 and "resources.gpus" in run.stderr and "resources.rdma.enabled" in run.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.ranks
+def test_a_cluster_rank_log_becomes_the_report(tmp_path):
+    """The rank program the rendered MPIJobs run, on 2 real local ranks; its log read back by --from-logs."""
+    from hvdk8s.launch import local
+    import subprocess
+
+    cmd = local.command([sys.executable, "-m", "hvdk8s.bench.cluster_rank", "tcp", "16384", "2"], 2)
+    proc = subprocess.run(cmd, env=local.environment(2), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = tmp_path / "launcher.log"
+    log.write_text("some mpirun noise\n" + proc.stdout)
+    bad = tmp_path / "other.log"
+    bad.write_text("no results here\n")
+
+    run = cli("bench", "--from-logs", log, "-o", tmp_path / "report")
+    assert run.returncode == 0, run.stderr
+    result = json.loads((tmp_path / "report" / "results.json").read_text())
+    names = [b["name"] for b in result["benchmarks"]]
+    assert names == ["cluster_allreduce", "cluster_training"]
+    allreduce = result["benchmarks"][0]["rows"]
+    assert {r["group"] for r in allreduce} == {"1 KB", "4 KB", "16 KB"}
+    assert all(r["median"] > 0 for r in allreduce)
+    training = result["benchmarks"][1]["rows"]
+    assert {r["group"] for r in training} == {"mlp", "resnet", "transformer"} and all(r["ratio"] == 1.0 for r in training)
+    assert (tmp_path / "report" / "cluster_allreduce.png").stat().st_size > 0
+    assert "## Allreduce bus bandwidth, 2 ranks on 1 nodes" in (tmp_path / "report" / "README.md").read_text()
+
+    run = cli("bench", "--from-logs", bad, "-o", tmp_path / "report2")
+    assert run.returncode == 2 and f"{bad}: no benchmark result" in run.stderr
