@@ -36,7 +36,7 @@ def _label(nbytes: int) -> str:
 
 def run(quick: bool) -> Comparison:
     np_ranks = 2
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 2
     runs = [run_json(RANK_MODULE, {"max_bytes": (1 << 20) if quick else (256 << 20)}, "hvdk8s", np_ranks)
             for _ in range(repeats)]
     factor = 2 * (np_ranks - 1) / np_ranks

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -46,6 +47,7 @@ def prepare_output(output: str) -> Path:
 def run(names: list[str], quick: bool, out: Path, say) -> list:
     from hvdk8s.bench import machine, report
 
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices are not results
     described = machine.describe()
     results = []
     for name in names:

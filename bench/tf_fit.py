@@ -10,10 +10,10 @@ RANK_MODULE = "hvdk8s.bench.tf_fit_rank"
 
 def run(quick: bool) -> Comparison:
     config = {"samples": 1024 if quick else 8192, "epochs": 2}
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 2
 
     def rate(mode: str, np: int) -> float:
-        return run_json(RANK_MODULE, {**config, "mode": mode}, "horovod" if mode == "hvdk8s" else "plain",
+        return run_json(RANK_MODULE, {**config, "mode": mode}, "hvdk8s" if mode == "hvdk8s" else "plain",
                         np)["samples_per_s"]
 
     samples = interleaved({"plain Keras": lambda: rate("keras", 1), "hvdk8s, 1 rank": lambda: rate("hvdk8s", 1),

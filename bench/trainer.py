@@ -42,7 +42,7 @@ def trainer_samples_per_s(job_file: Path, np: int = 2) -> float:
 
 
 def run(quick: bool) -> Comparison:
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 2
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
         job_file = job(quick, Path(tmp))
         samples = interleaved({

@@ -3,6 +3,7 @@ workers, so they do not see the worker pods' environment: every variable they ne
 launcher and forwarded (-x), along with the image's PATH and LD_LIBRARY_PATH."""
 from __future__ import annotations
 
+from hvdk8s import tuning
 from hvdk8s.faults import stall_env
 from hvdk8s.quantity import parse_quantity
 from hvdk8s.spec import JOB_ENV, JobSpec
@@ -29,8 +30,9 @@ def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
 
 
 def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
-    """Plain environment of every rank (secret-backed variables are added by reference elsewhere)."""
-    return {**hvdk8s_env(spec, topo), **spec.kubernetes.env}
+    """Plain environment of every rank (secret-backed variables are added by reference elsewhere);
+    the job's own `env` may set tuning's defaults otherwise."""
+    return {**tuning.DEFAULTS, **hvdk8s_env(spec, topo), **spec.kubernetes.env}
 
 
 def forwarded(spec: JobSpec, topo: Topology) -> list[str]:

@@ -105,3 +105,17 @@ def test_synthetic_tokens_are_next_token_targets():
     ds = synthetic_tokens(SyntheticTokensArgs(samples=16, seq_len=12, vocab_size=30))
     assert ds.x.shape == (16, 12) and (ds.x[:, 1:] == ds.y[:, :-1]).all()
     assert ds.x.max() < 30
+
+
+def test_digits_are_scikit_learns_own_without_importing_it():
+    """hvdk8s reads the digits file scikit-learn ships (its import costs each rank ~2 s): same arrays."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; from hvdk8s.data.datasets import digits; d = digits(); "
+            "assert 'sklearn' not in sys.modules; from sklearn.datasets import load_digits; b = load_digits(); "
+            "assert d.x.dtype == np.float32 and d.y.dtype == np.int64; "
+            "assert np.array_equal(d.x, (b.images.astype(np.float32) / 16.0)[:, None]); "
+            "assert np.array_equal(d.y, b.target); print(len(d))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "1797", run.stderr

@@ -143,7 +143,7 @@ def test_same_job_file_trains_under_both_frameworks(tmp_path, framework):
     job.write_text(yaml.safe_dump(data))
     proc = cli("launch", "--local", "-np", "2", job)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"job digits-mlp: {framework} mlp on digits, 2 ranks" in proc.stdout
+    assert f"job digits-mlp: {framework} mlp on digits, 2 ranks, compression none" in proc.stdout  # auto, on CPU
     assert accuracy(proc.stdout) >= 0.95
 
 

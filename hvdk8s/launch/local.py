@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hvdk8s import events
+from hvdk8s import events, tuning
 from hvdk8s.errors import UserError
 from hvdk8s.faults import stall_env
 from hvdk8s.launch import procs
@@ -72,7 +72,7 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
     """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON, the
     job file, the job file's folder importable (for `factory` paths and scripts' own modules), and
     the bound on a hung rank."""
-    env = dict(os.environ if base is None else base)
+    env = tuning.apply(dict(os.environ if base is None else base))
     env.update(stall_env(stall_timeout))
     if job_file is not None:
         env[JOB_ENV] = str(job_file)
