@@ -3,7 +3,7 @@
 fp16 halves the bytes on the wire but adds a cast on each side and an fp16 reduction. It pays where the
 wire is the bottleneck: gradients that cross a network between GPU nodes. Within one node (shared
 memory, NVLink) and on CPUs it costs more than it saves: on 2 CPU ranks, Horovod with fp16 took 1.34x
-as long per step as without (bench/allreduce_defaults.py; about 2x in earlier measurements by hand).
+as long per step as without (`hvdk8s bench --only knobs`; about 2x in earlier measurements by hand).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ file that JOB_ENV names (a cluster mounts the same text from the job's ConfigMap
 file re-read and `--set` re-applied by each rank.
 
 The controller defaults to MPI: on 2 CPU ranks Gloo took 1.64x as long per step
-(bench/allreduce_defaults.py; about 1.5x in earlier measurements by hand). Rank 0's events are drawn as progress; other output passes through.
+(`hvdk8s bench --only knobs`; about 1.5x in earlier measurements by hand). Rank 0's events are drawn as progress; other output passes through.
 """
 from __future__ import annotations
 
