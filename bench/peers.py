@@ -38,7 +38,7 @@ def run(quick: bool) -> Comparison:
 
 
 def run_scaling(quick: bool) -> Comparison:
-    steps, repeats = _plan(quick)
+    steps, repeats = _plan(quick)[0], 1
     rows = []
     for model in _models(quick):
         config = {"model": model, "batch": BATCH, "steps": steps}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from hvdk8s import tuning
-from hvdk8s.launch import local
+from hvdk8s.launch import local, procs
 
 STEP_RANK = "hvdk8s.bench.step_rank"
 TIMEOUT = 1200
@@ -79,6 +79,8 @@ def contending_job(model: str = "mlp", np: int = 2):
     try:
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts each rank in a session of its own: its process group is not enough.
+        for pid in [*procs.descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.wait()

@@ -8,7 +8,7 @@ from hvdk8s.bench.ranks import step_seconds
 
 def run(quick: bool) -> Comparison:
     models = ["mlp"] if quick else ["mlp", "resnet", "transformer"]
-    steps, repeats = (5, 1) if quick else (40, 3)
+    steps, repeats = (5, 1) if quick else (40, 2)
     rows = []
     for model in models:
         config = {"model": model, "batch": 32, "steps": steps}

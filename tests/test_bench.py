@@ -91,3 +91,26 @@ def test_a_cluster_rank_log_becomes_the_report(tmp_path):
 
     run = cli("bench", "--from-logs", bad, "-o", tmp_path / "report2")
     assert run.returncode == 2 and f"{bad}: no benchmark result" in run.stderr
+
+
+def test_the_contending_job_leaves_no_process_behind():
+    """torchrun puts its ranks in sessions of their own; stopping the contending job must end them too."""
+    import time
+
+    from hvdk8s.bench.ranks import contending_job
+    from hvdk8s.launch import procs
+
+    with contending_job() as proc:
+        deadline = time.monotonic() + 120
+        while len(procs.descendants(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)  # torchrun and its two ranks
+        started = procs.descendants(proc.pid)
+        assert len(started) >= 2, started
+    def running(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] != "Z"
+        except OSError:
+            return False
+
+    time.sleep(0.5)
+    assert [p for p in started if running(p)] == []
