@@ -107,7 +107,13 @@ if [ -f "$wheelhouse/requirements.txt" ]; then
 else
   # One resolver pass for everything: frameworks, the Horovod wheel (with its runtime needs), hvdk8s.
   say "installing ${frameworks[*]}, Horovod $hvd_version and hvdk8s (editable, with test tools)"
-  pip_install "${frameworks[@]}" "$wheel" -e "$extras"
+  # The newest earlier wheelhouse's versions, as constraints: without them pip's resolver can backtrack
+  # for tens of minutes (boto3/botocore against s3fs's aiobotocore); with them it takes seconds. If they
+  # no longer fit (a dependency changed its needs), resolve from scratch.
+  previous=$(ls -t "$CACHE"/wheelhouse-*/requirements.txt 2>/dev/null | head -n 1 || true)
+  if [ -z "$previous" ] || ! pip_install -c "$previous" "${frameworks[@]}" "$wheel" -e "$extras"; then
+    pip_install "${frameworks[@]}" "$wheel" -e "$extras"
+  fi
   say "keeping the installed wheels in $wheelhouse for the next set-up"
   rm -rf "$wheelhouse.tmp" && mkdir -p "$wheelhouse.tmp"
   "$VPY" -m pip freeze --all --exclude-editable | grep -vE '^(horovod|pip)[ =@]' >"$wheelhouse.tmp/requirements.txt"
