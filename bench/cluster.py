@@ -64,10 +64,10 @@ def read_logs(paths: list[str]) -> list[dict]:
             raise UserError(f"{path}: cannot read ({e.strerror})") from None
         found = None
         for line in text.splitlines():
-            at = line.find(MARK)  # mpirun may put a rank tag in front
+            at = line.find(MARK)  # mpirun may put a rank tag in front (and another after)
             if at >= 0:
                 try:
-                    found = json.loads(line[at + len(MARK):])
+                    found, _ = json.JSONDecoder().raw_decode(line[at + len(MARK):])
                 except json.JSONDecodeError:
                     continue
         if not isinstance(found, dict) or not {"label", "allreduce", "samples_per_s"} <= found.keys():

@@ -26,7 +26,10 @@ def main(label: str, max_bytes: int = 256 << 20, steps: int = STEPS) -> None:
         seconds = step_rank.seconds_per_step({"model": model, "batch": BATCH, "steps": steps}, mode)
         result["samples_per_s"][model] = BATCH * hvd.size() / seconds
     if hvd.rank() == 0:
-        print(MARK + json.dumps(result), flush=True)
+        # One write for the whole line: mpirun tags each write, and print() under PYTHONUNBUFFERED
+        # writes the newline apart (a tag would then follow the JSON on the same line).
+        sys.stdout.write(MARK + json.dumps(result) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

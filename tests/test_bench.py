@@ -72,6 +72,8 @@ def test_a_cluster_rank_log_becomes_the_report(tmp_path):
     proc = subprocess.run(cmd, env=local.environment(2), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = tmp_path / "launcher.log"
+    result_lines = [line for line in proc.stdout.splitlines() if "@hvdk8s-bench " in line]
+    assert len(result_lines) == 1 and result_lines[0].endswith("}"), proc.stdout  # one whole line
     log.write_text("some mpirun noise\n" + proc.stdout)
     bad = tmp_path / "other.log"
     bad.write_text("no results here\n")
