@@ -27,7 +27,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def _label(nbytes: int) -> str:
+def size_label(nbytes: int) -> str:
     for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes // scale} {unit}"
@@ -44,7 +44,7 @@ def run(quick: bool) -> Comparison:
     for i, size in enumerate(runs[0]["sizes"]):
         for label in ("fp32", "fp16"):
             seconds = [r[label][i] for r in runs]
-            rows.append(Row(config=label, group=_label(size), x=float(size),
+            rows.append(Row(config=label, group=size_label(size), x=float(size),
                             samples=[size / s / 1e9 * factor for s in seconds],
                             extra={"ms": [1000 * s for s in seconds], "algbw_gbps": [size / s / 1e9 for s in seconds]}))
     return Comparison("allreduce", "Allreduce bus bandwidth on 2 ranks: float32 vs fp16 compression", "GB/s",

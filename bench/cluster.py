@@ -4,13 +4,16 @@ into two MPIJobs that run hvdk8s.bench.cluster_rank across its nodes, one with R
 same report as a local run."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from hvdk8s.bench.allreduce import _label
+from hvdk8s.bench.allreduce import size_label
 from hvdk8s.bench.cluster_rank import MARK
 from hvdk8s.bench.core import Comparison, Row
 from hvdk8s.errors import UserError
@@ -54,42 +57,70 @@ def render(spec: JobSpec, source: str, output: str) -> list[Path]:
     return written
 
 
-def read_logs(paths: list[str]) -> list[dict]:
-    """The results rank 0 printed, one per log (kubectl logs or `hvdk8s logs --raw` of each launcher)."""
+Seconds = Annotated[float, Field(ge=1e-12, le=1e6, allow_inf_nan=False)]
+Rate = Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)]
+
+
+class _Sweep(BaseModel):
+    sizes: list[Annotated[int, Field(gt=0, le=1 << 50)]]
+    fp32: list[Seconds]
+    fp16: list[Seconds]
+
+    @model_validator(mode="after")
+    def _one_time_per_size(self) -> "_Sweep":
+        if not len(self.sizes) == len(self.fp32) == len(self.fp16):
+            raise ValueError("sizes, fp32 and fp16 must have one entry per size")
+        return self
+
+
+class ClusterResult(BaseModel):
+    """What hvdk8s.bench.cluster_rank prints: checked, since a log is any file a user hands in."""
+
+    label: str
+    ranks: Annotated[int, Field(gt=0, le=1 << 24)]
+    nodes: Annotated[int, Field(gt=0, le=1 << 24)]
+    allreduce: _Sweep
+    samples_per_s: dict[str, Rate]
+
+
+def read_logs(paths: list[str]) -> list[ClusterResult]:
+    """The result rank 0 printed, one per log (kubectl logs or `hvdk8s logs --raw` of each launcher)."""
     results = []
     for path in paths:
+        found = None
         try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:  # a line at a time: launcher logs can be long
+                    at = line.find(MARK)  # mpirun may put a rank tag in front (and another after)
+                    if at >= 0:
+                        with contextlib.suppress(json.JSONDecodeError):
+                            found, _ = json.JSONDecoder().raw_decode(line[at + len(MARK):])
         except OSError as e:
             raise UserError(f"{path}: cannot read ({e.strerror})") from None
-        found = None
-        for line in text.splitlines():
-            at = line.find(MARK)  # mpirun may put a rank tag in front (and another after)
-            if at >= 0:
-                try:
-                    found, _ = json.JSONDecoder().raw_decode(line[at + len(MARK):])
-                except json.JSONDecodeError:
-                    continue
-        if not isinstance(found, dict) or not {"label", "allreduce", "samples_per_s"} <= found.keys():
+        if found is None:
             raise UserError(f"{path}: no benchmark result in this log (a line starting {MARK.strip()!r} from "
                             "the launcher of a job rendered by `hvdk8s bench --render`)")
-        results.append(found)
+        try:
+            results.append(ClusterResult.model_validate(found))
+        except ValidationError as e:
+            raise UserError(f"{path}: the benchmark result is malformed",
+                            [(".".join(map(str, err["loc"])) or "(result)", err["msg"]) for err in e.errors()]) from None
     return results
 
 
-def comparisons(results: list[dict]) -> list[Comparison]:
-    labels = [r["label"] for r in results]
+def comparisons(results: list[ClusterResult]) -> list[Comparison]:
+    labels = [r.label for r in results]
     baseline = "tcp" if "tcp" in labels else labels[0]
     allreduce, training = [], []
     for r in results:
-        a, factor = r["allreduce"], 2 * (r["ranks"] - 1) / max(r["ranks"], 1)
-        for i, size in enumerate(a["sizes"]):
-            for comp in ("fp32", "fp16"):
-                allreduce.append(Row(config=f"{r['label']} {comp}", group=_label(size), x=float(size),
-                                     samples=[size / a[comp][i] / 1e9 * factor]))
-        for model, rate in r["samples_per_s"].items():
-            training.append(Row(config=r["label"], group=model, samples=[rate]))
-    shape = f"{results[0]['ranks']} ranks on {results[0]['nodes']} nodes"
+        a, factor = r.allreduce, 2 * (r.ranks - 1) / r.ranks
+        for size, *seconds in zip(a.sizes, a.fp32, a.fp16):
+            for comp, s in zip(("fp32", "fp16"), seconds):
+                allreduce.append(Row(config=f"{r.label} {comp}", group=size_label(size), x=float(size),
+                                     samples=[size / s / 1e9 * factor]))
+        for model, rate in r.samples_per_s.items():
+            training.append(Row(config=r.label, group=model, samples=[rate]))
+    shape = f"{results[0].ranks} ranks on {results[0].nodes} nodes"
     return [Comparison("cluster_allreduce", f"Allreduce bus bandwidth, {shape}", "GB/s", True, f"{baseline} fp32",
                        allreduce, plot="line", x_label="tensor size (bytes)"),
             Comparison("cluster_training", f"Training samples/s, {shape}", "samples/s", True, baseline, training,

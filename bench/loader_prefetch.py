@@ -5,11 +5,10 @@ Two kinds of step: a small MLP's forward/backward on the CPU, which competes wit
 cores (and the GIL where NumPy holds it), so its gain depends on a core being free; and a step that
 waits without using the CPU, as the host does while a GPU computes, which shows the overlap itself.
 
-Usage: .venv/bin/python -m bench.loader_prefetch [--quick]
+Run by `hvdk8s bench --only loader`.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -76,17 +75,3 @@ def run(quick: bool) -> Comparison:
         notes=f"The device step is a {DEVICE_STEP_S * 1e3:.0f} ms wait. The CPU step's ratio needs a free core: "
               "on a loaded machine reading and stepping take turns on one core, and the two threads hand the GIL "
               "back and forth (NumPy's gathers hold it), so prefetch loses there.")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
-    c = run(ap.parse_args().quick)
-    print(c.title)
-    for row in c.rows:
-        print(f"  {row.group:<25} {row.config:<11} median {row.median:7.0f} {c.unit}  {c.ratio(row):.2f}x  "
-              f"({', '.join(f'{s:.0f}' for s in row.samples)})")
-
-
-if __name__ == "__main__":
-    main()

@@ -34,7 +34,7 @@ def _argv(program: list[str], mode: str, np: int, controller: str = local.DEFAUL
     return program
 
 
-def _env(np: int, extra: Optional[dict], mode: str = "hvdk8s") -> dict:
+def rank_env(np: int, extra: Optional[dict], mode: str = "hvdk8s") -> dict:
     """The environment `launch --local` gives ranks; without hvdk8s's tuning for the peers (raw Horovod
     runs with OpenMPI's and Horovod's own defaults, as a user of horovodrun gets them)."""
     env = local.environment(np)
@@ -56,7 +56,7 @@ def run_json(module: str, config: dict, mode: str, np: int, env: Optional[dict] 
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
         out = Path(tmp) / "result.json"
         program = [sys.executable, "-m", module, json.dumps({**config, "out": str(out)})]
-        proc = subprocess.run(_argv(program, mode, np, controller), env=_env(np, env, mode), capture_output=True, text=True,
+        proc = subprocess.run(_argv(program, mode, np, controller), env=rank_env(np, env, mode), capture_output=True, text=True,
                               timeout=TIMEOUT)
         if proc.returncode != 0 or not out.exists():
             raise BenchError(f"{mode} x{np} {module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
@@ -73,7 +73,7 @@ def contending_job(model: str = "mlp", np: int = 2):
     """A second 2-rank job (torch DDP, training until stopped) beside whatever runs inside."""
     program = [sys.executable, "-m", STEP_RANK,
                json.dumps({"mode": "ddp", "model": model, "batch": 32, "steps": 0, "forever": True, "out": ""})]
-    env = _env(np, None, "ddp")
+    env = rank_env(np, None, "ddp")
     proc = subprocess.Popen(_argv(program, "ddp", np), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:

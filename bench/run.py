@@ -33,15 +33,12 @@ def chosen(only: Sequence[str]) -> list[str]:
 
 
 def prepare_output(output: str) -> Path:
-    out = Path(output)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".hvdk8s-write-check"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"--output: cannot write to {output} ({e.strerror or e})") from None
-    return out
+    from hvdk8s.atomic import unwritable_reason
+
+    reason = unwritable_reason(output)
+    if reason is not None:
+        raise UserError(f"--output: cannot write to {output} ({reason})")
+    return Path(output)
 
 
 def run(names: list[str], quick: bool, out: Path, say) -> list:

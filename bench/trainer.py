@@ -12,7 +12,7 @@ import yaml
 
 from hvdk8s import events
 from hvdk8s.bench.core import Comparison, Row, interleaved
-from hvdk8s.bench.ranks import TIMEOUT, BenchError, _env, run_json
+from hvdk8s.bench.ranks import TIMEOUT, BenchError, rank_env, run_json
 from hvdk8s.launch import local
 
 
@@ -31,7 +31,7 @@ def job(quick: bool, directory: Path) -> Path:
 
 def trainer_samples_per_s(job_file: Path, np: int = 2) -> float:
     token = events.new_token()
-    env = _env(np, {"HVDK8S_EVENTS": "json", events.TOKEN_ENV: token})
+    env = rank_env(np, {"HVDK8S_EVENTS": "json", events.TOKEN_ENV: token})
     cmd = local.command([sys.executable, "-m", "hvdk8s", "train", str(job_file), "--no-resume"], np)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     epochs = [e for e in map(lambda line: events.parse(line, token), proc.stdout.splitlines())

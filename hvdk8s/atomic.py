@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 PART_SUFFIX = ".hvdk8s-part"
 _PART = re.compile(r"\..+\.[0-9a-f]{8}" + re.escape(PART_SUFFIX))
@@ -66,3 +66,16 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], mode: i
     with atomic_path(path, mode) as tmp:
         with open(tmp, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+
+
+def unwritable_reason(directory: Union[str, os.PathLike]) -> Optional[str]:
+    """Why files cannot be written into `directory` (creating it if needed), or None if they can: a
+    probe written and removed the way `atomic_write` writes, so asked up front rather than learnt late."""
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write(d / ".hvdk8s-write-check", b"")
+        (d / ".hvdk8s-write-check").unlink()
+    except OSError as e:
+        return str(e.strerror or e)
+    return None

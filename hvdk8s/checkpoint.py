@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hvdk8s.atomic import atomic_path, is_part
+from hvdk8s.atomic import atomic_path, is_part, unwritable_reason
 
 _NAME = re.compile(r"^epoch-(\d{5,})\.ckpt$")
 
@@ -34,15 +34,8 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
 def check_writable(directory: str | os.PathLike) -> Optional[str]:
     """Why checkpoints cannot be written to `directory` (creating it if needed), or None if they can:
     asked before training starts, not after the first epoch's work."""
-    d = Path(directory)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        with atomic_path(d / ".hvdk8s-write-check") as probe:
-            probe.write_bytes(b"")
-        (d / ".hvdk8s-write-check").unlink()
-    except OSError as e:
-        return f"cannot write checkpoints to {d}: {e.strerror or e}"
-    return None
+    reason = unwritable_reason(directory)
+    return None if reason is None else f"cannot write checkpoints to {Path(directory)}: {reason}"
 
 
 def save(directory: str | os.PathLike, epoch: int, payload: Any, write: Callable[[Any, Path], None],

@@ -116,3 +116,35 @@ def test_the_contending_job_leaves_no_process_behind():
 
     time.sleep(0.5)
     assert [p for p in started if running(p)] == []
+
+
+def test_any_log_becomes_a_report_or_a_message_naming_the_file(tmp_path_factory):
+    """--from-logs reads files users hand in: whatever the result line holds, a report or a UserError."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from hvdk8s.bench import cluster, report
+    from hvdk8s.errors import UserError
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+    near = st.fixed_dictionaries({
+        "label": st.text(max_size=5), "ranks": st.integers(-2, 10), "nodes": st.integers(-2, 4),
+        "allreduce": st.fixed_dictionaries({"sizes": st.lists(st.integers(-5, 1 << 60), max_size=3),
+                                            "fp32": st.lists(st.floats(), max_size=3),
+                                            "fp16": st.lists(st.floats(), max_size=3)}),
+        "samples_per_s": st.dictionaries(st.text(max_size=4), st.floats(), max_size=2)})
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(result=values | near, framing=st.sampled_from(["{}\n", "[1,0]<stdout>:{}[1,0]<stdout>:\n", "{}"]))
+    def check(result, framing):
+        log = tmp_path_factory.mktemp("log") / "launcher.log"
+        log.write_text("noise\n" + framing.format("@hvdk8s-bench " + json.dumps(result)))
+        try:
+            comparisons = cluster.comparisons(cluster.read_logs([str(log)]))
+        except UserError as e:
+            assert str(log) in str(e)
+            return
+        assert "## Allreduce bus bandwidth" in report.markdown(comparisons, {}, False)
+
+    check()

@@ -3,11 +3,11 @@ the distributed Keras optimizer allreduces once per update under gradient accumu
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 
-from hvdk8s.data import tensorflow as tfdata  # noqa: E402
-from hvdk8s.data.datasets import ArrayDataset, IndexSubset, MapDataset  # noqa: E402
-from hvdk8s.data.sharding import plan_epoch, step_counts  # noqa: E402
+from hvdk8s.data import tensorflow as tfdata
+from hvdk8s.data.datasets import ArrayDataset, IndexSubset, MapDataset
+from hvdk8s.data.sharding import plan_epoch, step_counts
 
 
 def arrays(n: int) -> ArrayDataset:
