@@ -1,5 +1,5 @@
 """The `hvdk8s` command. Each verb is a thin call into a module; errors in the user's input (every
-`hvdk8s.errors.UserError`) reach one handler, `main`, which prints the file and field and exits 2,
+`hvdk8s.errors.UserError`) reach one handler, `_Verbs.invoke`, which prints the file and field and exits 2,
 never a traceback."""
 from __future__ import annotations
 
@@ -40,7 +40,17 @@ def _check_code(spec: JobSpec, job: str) -> None:
     check_code(spec, Path(job).parent, job)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Verbs(click.Group):
+    """The verbs, with the one place that reports a `UserError` (for `main` and in-process runners alike)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            _fail(e.header, e.problems)
+
+
+@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hvdk8s")
 def cli() -> None:
     """Horovod training jobs, from this machine to a Kubernetes cluster, from one job file."""
@@ -76,9 +86,10 @@ def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, cr
 def _mpijob_documents(path: str) -> list | None:
     """The documents of `path` if any of them is an MPIJob (else None: treat it as a job file)."""
     from hvdk8s import safeyaml
+    from hvdk8s.mpijob.validate import MAX_YAML_BYTES
 
     try:
-        docs = safeyaml.read(path, max_bytes=8 << 20)  # many MPIJobs in one stream
+        docs = safeyaml.read(path, max_bytes=MAX_YAML_BYTES)  # many MPIJobs in one stream
     except (OSError, safeyaml.YAMLInputError):
         return None  # the job-file loader reports it with its line and column
     return docs if any(isinstance(d, dict) and d.get("kind") == "MPIJob" for d in docs) else None
@@ -366,7 +377,4 @@ for _command in cli_cluster.COMMANDS:  # status, logs, wait, list, delete
 
 
 def main() -> None:
-    try:
-        cli(prog_name="hvdk8s")
-    except UserError as e:
-        _fail(e.header, e.problems)
+    cli(prog_name="hvdk8s")

@@ -28,9 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Union
 
-import yaml
-
-from hvdk8s import k8snames, quantity
+from hvdk8s import k8snames, quantity, safeyaml
 
 from . import layout, podrules
 from .problems import POLICY, Problem, child as _child, duplicates, repeated
@@ -195,18 +193,34 @@ def load_crd_schema(source: Union[str, Path, dict], version: str = "v2beta1") ->
     """The openAPIV3Schema of VERSION in the MPIJob CustomResourceDefinition SOURCE (a YAML/JSON file or a dict)."""
     if isinstance(source, dict):
         return _crd_version_schema(source, version, "the given CRD")
-    return _crd_version_schema(yaml.safe_load(Path(source).read_text(encoding="utf-8")), version, str(source))
+    return _crd_version_schema(_read_crd(source), version, str(source))
+
+
+MAX_YAML_BYTES = 8 << 20  # a CRD file (mpi-operator's is about 0.7 MB) or a stream of many MPIJobs
+
+
+def _read_crd(path: Union[str, Path]) -> Any:
+    """The one document of the CRD file PATH, read within safeyaml's bounds; ValueError naming the file."""
+    try:
+        docs = safeyaml.read(path, max_bytes=MAX_YAML_BYTES)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    except safeyaml.YAMLInputError as e:
+        raise ValueError(f"{path}: {e}") from None
+    if len(docs) > 1:
+        raise ValueError(f"{path}: expected one YAML document (the MPIJob CRD), found {len(docs)}")
+    return docs[0] if docs else None
 
 
 def _crd_version_schema(crd: Any, version: str, origin: str) -> dict:
-    if not (isinstance(crd, dict) and crd.get("kind") == "CustomResourceDefinition"
-            and (crd.get("spec") or {}).get("group") == "kubeflow.org"
-            and ((crd.get("spec") or {}).get("names") or {}).get("kind") == KIND):
+    spec = _d(_d(crd).get("spec"))
+    if not (_d(crd).get("kind") == "CustomResourceDefinition" and spec.get("group") == "kubeflow.org"
+            and _d(spec.get("names")).get("kind") == KIND):
         raise ValueError(f"{origin}: not the MPIJob CustomResourceDefinition ({CRD_NAME})")
-    versions = crd["spec"].get("versions") or []
+    versions = [_d(entry) for entry in spec.get("versions")] if isinstance(spec.get("versions"), list) else []
     for entry in versions:
         if entry.get("name") == version:
-            schema = (entry.get("schema") or {}).get("openAPIV3Schema")
+            schema = _d(entry.get("schema")).get("openAPIV3Schema")
             if not isinstance(schema, dict):
                 raise ValueError(f"{origin}: version {version} has no openAPIV3Schema")
             return schema
@@ -564,9 +578,9 @@ def validate_documents(text_or_docs: Union[str, Iterable[Any]], *, schema: dict 
     No MPIJob at all is itself a problem."""
     if isinstance(text_or_docs, str):
         try:
-            docs = list(yaml.safe_load_all(text_or_docs))
-        except yaml.YAMLError as exc:
-            return [Problem("", f"not valid YAML: {exc}")]
+            docs = safeyaml.loads(text_or_docs, max_bytes=MAX_YAML_BYTES)
+        except safeyaml.YAMLInputError as exc:
+            return [Problem("", str(exc))]
     else:
         docs = list(text_or_docs)
     docs = [doc for doc in docs if doc is not None]  # `---` separators leave empty documents

@@ -588,3 +588,33 @@ def test_policies_are_marked_and_can_be_left_out(schema, edits):
     assert len(problems) == 1 and problems[0].policy and problems[0].message.startswith("hvdk8s policy: ")
     assert validate_mpijob(job, schema=schema, policies=False) == []  # the operator would run it
     assert [p.policy for p in validate_documents([job], schema=schema)] == [True]
+
+
+# --- a CRD file that is not a CRD: one line naming the file, exit 2 (issue 12) --------------------------
+
+@pytest.mark.parametrize("content,word", [
+    (b"a: [b\n", "not valid YAML"),
+    ("kind: caf\xe9\n".encode("latin-1"), "not UTF-8"),
+    (b"# comment\n" * 900_000, "larger than"),
+    (b"kind: CustomResourceDefinition\nspec: {group: kubeflow.org, names: {kind: MPIJob}, versions: abc}\n",
+     "no version v2beta1"),
+    (b"kind: CustomResourceDefinition\nspec: {group: kubeflow.org, names: {kind: MPIJob}, versions: [1, "
+     b"{name: v2beta1, schema: []}]}\n", "no openAPIV3Schema"),
+    (b"a: 1\n---\nb: 2\n", "one YAML document"),
+    ("/dev/zero", "larger than"),
+], ids=["not-yaml", "latin-1", "oversize", "versions-not-a-list", "schema-not-a-mapping", "two-documents",
+        "dev-zero"])
+def test_validate_with_a_bad_crd_file_names_it_in_one_line(tmp_path, content, word):
+    from conftest import invoke
+
+    job = tmp_path / "pi.yaml"
+    job.write_text(PI)
+    if isinstance(content, str):
+        crd = content
+    else:
+        crd = str(tmp_path / "crd.yaml")
+        Path(crd).write_bytes(content)
+    result = invoke("validate", job, "--crd", crd)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and crd in lines[0] and word in lines[0], result.stderr
