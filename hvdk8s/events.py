@@ -5,8 +5,8 @@ them and draws progress), and plain text otherwise (logs of a cluster pod, a han
 
 Ranks' other output (a user's print, a dataset path in an error message) could look like an event; so
 a launcher that parses events also sets HVDK8S_EVENTS_TOKEN to a secret of its own, and only lines
-prefixed `@hvdk8s:TOKEN ` count. The view never trusts an event's fields either (`format_text` falls
-back to the raw JSON).
+prefixed `@hvdk8s:TOKEN ` count. The view never trusts an event's fields either: `parse` takes only a JSON
+object whose "event" is a string, and `format_text` falls back to the raw JSON.
 """
 from __future__ import annotations
 
@@ -93,4 +93,4 @@ def parse(line: str, token: Optional[str] = None) -> Optional[dict[str, Any]]:
         event, _ = json.JSONDecoder().raw_decode(line, at + len(mark))
     except json.JSONDecodeError:
         return None
-    return event if isinstance(event, dict) and "event" in event else None
+    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None  # a kind to look up

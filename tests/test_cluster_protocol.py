@@ -153,3 +153,24 @@ def test_the_local_back_end_through_the_protocol(tmp_path):
     import os
 
     assert not os.path.exists(job_file)
+
+
+MALFORMED = [{"event": [1]}, {"event": {"kind": "done"}}, {"event": None}, {"event": 1}, {"event": True},
+             {"event": "epoch"}, {"event": "start", "lr": "fast"}, {"event": "progress", "step": [1], "steps": "x"},
+             {"event": "done", "test_accuracy": "all"}, {"event": "unheard-of"}]
+
+
+@pytest.mark.parametrize("event", MALFORMED, ids=lambda e: json.dumps(e))
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_a_malformed_event_is_shown_as_output_never_a_crash(event, terminal):
+    """Rank output (or a cluster log) that looks like an event but is not one the view knows: drawn as a line
+    (the raw line where its kind is not even a string), and the lines after it still come."""
+    from rich.console import Console
+
+    line = "@hvdk8s " + json.dumps(event)
+    shown = io.StringIO()
+    logview.show([line, "the next line"], Console(file=shown, width=200, force_terminal=terminal))
+    out = shown.getvalue()
+    assert "the next line" in out, out
+    if not isinstance(event["event"], str):
+        assert events.parse(line) is None and line in out
