@@ -12,7 +12,7 @@ from rich.console import Console
 
 from hvdk8s import __version__, cli_cluster
 from hvdk8s.errors import UserError
-from hvdk8s.spec import JobSpec, dump_job, load_job
+from hvdk8s.spec import JobFileError, JobSpec, dump_job, load_job
 
 err = Console(stderr=True, soft_wrap=True)  # long field paths stay whole for grep and logs
 
@@ -31,7 +31,14 @@ def _fail(header: str, problems: Sequence[tuple[str, str]]) -> None:
 
 
 def _load(job: str, overrides: Sequence[str]) -> JobSpec:
-    return load_job(job, list(overrides))
+    """The job, valid and within the size the ranks can receive (`hvdk8s.jobsize`)."""
+    from hvdk8s import jobsize
+
+    spec = load_job(job, list(overrides))
+    too_large = jobsize.problems(spec)
+    if too_large:
+        raise JobFileError(job, too_large)
+    return spec
 
 
 def _check_code(spec: JobSpec, job: str) -> None:

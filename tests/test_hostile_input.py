@@ -63,6 +63,19 @@ def test_unbounded_files_are_read_only_up_to_the_limit():
     ("training.learning_rate=.inf", "training.learning_rate"), ("training.seed=18446744073709551616", "training.seed"),
     ("model.args.hidden=[0]", "model.args.hidden"), ("training.clip_grad_norm=.nan", "training.clip_grad_norm"),
     ("training.precision=fp8", "training.precision"), ("training", "training"),
+    # Kubernetes names and keys the API server refuses, and integers past what it (or the operator) counts
+    ("kubernetes.namespace=UPPER", "kubernetes.namespace"), ("kubernetes.namespace=a.b", "kubernetes.namespace"),
+    ("kubernetes.namespace=" + "a" * 64, "kubernetes.namespace"), ("kubernetes.queue='bad queue'", "kubernetes.queue"),
+    ("kubernetes.service_account=Bad_SA", "kubernetes.service_account"),
+    ("kubernetes.image_pull_secrets=['Bad!']", "kubernetes.image_pull_secrets"),
+    ("kubernetes.node_selector={'a b': c}", "kubernetes.node_selector"),
+    ("kubernetes.secret_env={TOKEN: {secret: s, key: 'k k'}}", "kubernetes.secret_env.TOKEN.key"),
+    (f"kubernetes.run_as_user={2**63}", "kubernetes.run_as_user"),
+    (f"resources.workers={2**31}", "resources.workers"),
+    (f"resources.ranks_per_worker={2**31}", "resources.ranks_per_worker"),
+    (f"kubernetes.ttl_seconds_after_finished={2**31}", "kubernetes.ttl_seconds_after_finished"),
+    (f"kubernetes.backoff_limit={2**31}", "kubernetes.backoff_limit"),
+    (f"kubernetes.active_deadline_seconds={2**63}", "kubernetes.active_deadline_seconds"),
 ])
 def test_bad_overrides_name_their_field(override, field):
     _rejects(DIGITS_JOB, [override], field)
@@ -116,3 +129,55 @@ def test_render_into_a_bad_destination_names_it_and_leaves_nothing(tmp_path):
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         assert f"-o {out}: cannot write" in run.stderr
     assert sorted(p.name for p in taken.iterdir()) == ["mpijob.yaml"]  # nothing else, no temporary file
+
+
+# -- a job that expands past what a ConfigMap holds ------------------------------------------------------------
+
+_TRAINING = "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n"
+_PAD = '&s "' + "x" * 4096 + '"'
+_EXPANDING = {  # 100 aliases of a 4 KiB string: a 0.5 KB file that the ranks receive as 400 KiB
+    "model.args": "model: {factory: 'my_pkg.models:build', args: {pad: %s, many: [%s]}}\ndataset: {name: digits}\n",
+    "dataset.args": "model: {name: mlp}\ndataset: {factory: 'my_pkg.data:load', args: {pad: %s, many: [%s]}}\n",
+    "entrypoint.args": "entrypoint: {script: train.py, args: [%s, %s]}\n",
+    "kubernetes.env": "entrypoint: {script: train.py}\nkubernetes: {env: {PAD: %s, %s}}\n",
+}
+
+
+@pytest.mark.parametrize("field", list(_EXPANDING))
+def test_a_job_that_expands_past_the_bound_is_refused_at_validate(tmp_path, field):
+    from conftest import invoke
+    from hvdk8s.jobsize import MAX_JOB_BYTES
+
+    many = ", ".join(f"V{i}: *s" for i in range(100)) if field == "kubernetes.env" else ", ".join(["*s"] * 100)
+    path = tmp_path / "job.yaml"
+    path.write_text("name: big\nframework: pytorch\n" + _EXPANDING[field] % (_PAD, many) + _TRAINING)
+    assert path.stat().st_size < 6000
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    for verb in (("validate", "--no-import"), ("render", "-o", tmp_path / "out")):
+        began = time.perf_counter()
+        result = invoke(*verb, path)
+        assert time.perf_counter() - began < 2.0
+        assert result.exit_code == 2, result.output
+        assert f"  {field}" in result.stderr and f"larger than {MAX_JOB_BYTES // 1024} KiB" in result.stderr, \
+            result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_bound_is_on_the_job_as_the_ranks_receive_it():
+    """Measured as spec.dump_job writes it: a job of exactly MAX_JOB_BYTES passes, one byte more does not."""
+    from hvdk8s import entrypoint, jobsize
+    from hvdk8s.spec import dump_job, parse_job
+
+    assert jobsize.MAX_JOB_BYTES + entrypoint.MAX_CARRIED_BYTES <= (1 << 20) - 64 * 1024  # the ConfigMap's room
+
+    data = yaml.safe_load(BASE)
+    data["model"] = {"factory": "my_pkg.models:build", "args": {"pad": "x"}}
+    spec = parse_job(data)
+    assert jobsize.dumped_size(spec) == len(dump_job(spec).encode())
+    data["model"]["args"]["pad"] = "x" * (1 + jobsize.MAX_JOB_BYTES - len(dump_job(spec).encode()))
+    spec = parse_job(data)
+    assert jobsize.dumped_size(spec) == len(dump_job(spec).encode()) == jobsize.MAX_JOB_BYTES
+    assert jobsize.problems(spec) == []
+    data["model"]["args"]["pad"] += "é"  # two bytes in UTF-8, escaped by the dump
+    spec = parse_job(data)
+    assert jobsize.dumped_size(spec) is None and [p for p, _ in jobsize.problems(spec)] == ["model.args.pad"]
