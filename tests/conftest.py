@@ -1,6 +1,7 @@
 """Shared helpers: run the real CLI, and start real Horovod ranks through the project's launcher."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -13,6 +14,23 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPTS = Path(__file__).resolve().parent / "ranks"
 DIGITS_JOB = ROOT / "examples" / "digits.yaml"
+
+
+# How many generated inputs each fuzz target tried, accepted and refused: {target: Counter}, printed at the end
+# of the session (none escaped, or a test failed).
+FUZZ_TALLY: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+
+def tally(target: str) -> collections.Counter:
+    """The counts of one fuzz target: tally("job files: validate")["refused"] += 1."""
+    return FUZZ_TALLY[target]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if FUZZ_TALLY:
+        terminalreporter.section("fuzz tally")
+        for target, counts in sorted(FUZZ_TALLY.items()):
+            terminalreporter.write_line(f"{target}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
 def cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
