@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DIGITS_JOB, cli
+from conftest import DIGITS_JOB, cli, tally
 from hvdk8s.spec import JobFileError, load_job
 
 BASE = DIGITS_JOB.read_text()
@@ -106,12 +106,17 @@ _fields = st.sampled_from([
 @given(field=_fields, value=_values, raw=st.text(max_size=30), use_raw=st.booleans())
 def test_any_override_is_accepted_or_names_its_field(field, value, raw, use_raw):
     text = raw if use_raw else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    counts = tally("job files: --set")
+    counts["tried"] += 1
     try:
         load_job(DIGITS_JOB, [f"{field}={text}"])
     except JobFileError as e:
         assert e.problems and all(isinstance(p, str) and isinstance(m, str) and m for p, m in e.problems)
         top = field.split(".")[0]
         assert any(p.split(".")[0].split("[")[0] in (top, "") for p, _ in e.problems), (field, text, e.problems)
+        counts["refused"] += 1
+    else:
+        counts["accepted"] += 1
 
 
 def test_render_into_a_bad_destination_names_it_and_leaves_nothing(tmp_path):
