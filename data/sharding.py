@@ -66,3 +66,14 @@ def step_counts(n: int, size: int, batch_size: int, steps_multiple: int = 1) -> 
     steps = math.ceil(steps / steps_multiple) * steps_multiple
     k = np.arange(steps)[:, None]
     return np.clip(counts[None, :] - k * batch_size, 0, batch_size).sum(axis=1)
+
+
+def unread_after(order: np.ndarray, size: int, batch_size: int, steps: int) -> np.ndarray:
+    """What is left of an epoch's global `order` once `size` ranks have run `steps` batches of its plan
+    (rank r has read the first steps * batch_size of its part), in the same order. Elastic training
+    re-plans the rest over the ranks there are after a change, so no sample is read twice in an epoch."""
+    keep = np.ones(len(order), dtype=bool)
+    for rank in range(size):
+        start, stop = part_bounds(len(order), rank, size)
+        keep[start:min(stop, start + steps * batch_size)] = False
+    return order[keep]

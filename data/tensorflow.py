@@ -27,7 +27,8 @@ def _in_memory(dataset) -> Optional[tuple[np.ndarray, np.ndarray, Optional[np.nd
 
 
 def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int = 0, shuffle: bool = True,
-                    first_epoch: int = 1, weights: bool = False, weight_scale: float = 1.0) -> tf.data.Dataset:
+                    first_epoch: int = 1, weights: bool = False, weight_scale: float = 1.0,
+                    order: Optional[np.ndarray] = None) -> tf.data.Dataset:
     """This rank's part of `dataset`, batched and prefetched: the batches of `plan_epoch`, in its order.
 
     Each new iteration over the returned dataset is the next epoch (first_epoch, first_epoch + 1, ...),
@@ -46,6 +47,9 @@ def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int
     in memory (ArrayDataset, or an IndexSubset of one) are gathered by TensorFlow in parallel; any other
     dataset's are read by `dataset.take`, one batch at a time (a dataset need not be thread-safe: the
     shard cache of one on disk is not), ahead of the training step.
+
+    `order` fixes the global order of every pass (elastic training gives what is left of an epoch after
+    the ranks changed, `hvdk8s.data.sharding.unread_after`, and iterates once).
     """
     arrays = _in_memory(dataset)
     if arrays is not None and arrays[0].nbytes + arrays[1].nbytes > _IN_PIPELINE_BYTES:
@@ -55,8 +59,11 @@ def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int
     def plan():
         e = epoch["next"]
         epoch["next"] += 1
-        order = dataset.epoch_order(seed, e) if shuffle else np.arange(len(dataset))
-        p = plan_epoch(order, rank, size, batch_size)
+        if order is not None:
+            this = order
+        else:
+            this = dataset.epoch_order(seed, e) if shuffle else np.arange(len(dataset))
+        p = plan_epoch(this, rank, size, batch_size)
         n = len(p.indices)
         index = np.zeros(p.steps * batch_size, np.int64)
         index[:n] = p.indices
@@ -99,6 +106,6 @@ def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int
 
     # One element, mapped anew on every iteration (the numpy_function is stateful), cut into steps.
     # (Dataset.from_generator would do, but takes tens of milliseconds to start each epoch.)
-    steps = len(step_counts(len(dataset), size, batch_size))
+    steps = len(step_counts(len(dataset) if order is None else len(order), size, batch_size))
     data = tf.data.Dataset.range(1).map(planned).unbatch().map(read, **parallel)
     return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(tf.data.AUTOTUNE)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -40,19 +40,27 @@ class ShardedLoader:
         self.device = device
         self.prefetch = prefetch
         self.epoch = 0
+        self.order: Optional[np.ndarray] = None
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, order: Optional[np.ndarray] = None) -> None:
+        """The epoch to read next; `order` replaces its global order (elastic training passes what is left
+        of an epoch after the ranks changed: `hvdk8s.data.sharding.unread_after`)."""
+        self.epoch, self.order = epoch, order
+
+    def epoch_order(self) -> np.ndarray:
+        if self.order is not None:
+            return self.order
+        return self.dataset.epoch_order(self.seed, self.epoch) if self.shuffle else np.arange(len(self.dataset))
 
     def plan(self) -> EpochPlan:
-        order = (self.dataset.epoch_order(self.seed, self.epoch) if self.shuffle
-                 else np.arange(len(self.dataset)))
-        return plan_epoch(order, self.rank, self.size, self.batch_size, self.steps_multiple)
+        return plan_epoch(self.epoch_order(), self.rank, self.size, self.batch_size, self.steps_multiple)
 
     @property
     def global_counts(self):
-        """Samples all ranks read at each step; the same every epoch (see hvdk8s.data.sharding)."""
-        return step_counts(len(self.dataset), self.size, self.batch_size, self.steps_multiple)
+        """Samples all ranks read at each step; the same every epoch (see hvdk8s.data.sharding) unless
+        `set_epoch` was given an order of another length."""
+        n = len(self.dataset) if self.order is None else len(self.order)
+        return step_counts(n, self.size, self.batch_size, self.steps_multiple)
 
     def __len__(self) -> int:
         return len(self.global_counts)

@@ -15,7 +15,7 @@ from hvdk8s.schedule import lr_scale
 CONTRACT = (
     "init", "distribute", "broadcast_state", "load_checkpoint", "save_checkpoint", "scaled_learning_rate",
     "metric_average", "metric_sum", "allreduce", "log", "is_rank0", "rank", "size", "local_rank", "local_size",
-    "cross_size", "resolve_compression", "Average", "Sum",
+    "cross_size", "resolve_compression", "Average", "Sum", "ElasticState", "run_elastic",
 )
 
 

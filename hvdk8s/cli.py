@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import click
 from rich.console import Console
@@ -126,6 +126,9 @@ def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: 
               help="Continue from the newest valid checkpoint in training.checkpoint.dir.")
 def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     """Train as one rank of a job (what horovodrun or mpirun starts on every rank)."""
+    from hvdk8s._adapter import die_with_parent
+
+    die_with_parent()  # first: a launcher killed while this rank loads the job takes the rank with it
     from hvdk8s import trainer
     from hvdk8s.data.datasets import dataset_root
     from hvdk8s.factories import importable_from
@@ -150,6 +153,9 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
               help="Horovod's MPI controller (default: measured faster).")
 @click.option("--gloo", "controller", flag_value="gloo", help="Horovod's Gloo controller.")
 @click.option("--no-resume", is_flag=True, help="Start from scratch even if checkpoints exist.")
+@click.option("--discovery-script", type=click.Path(dir_okay=False, path_type=Path),
+              help="Elastic jobs with --local: an executable printing `localhost:SLOTS`, read every second "
+                   "(default: -np slots throughout).")
 @_set_option
 @cli_cluster.target_options
 @click.option("--dry-run", is_flag=True, help="Cluster: print the objects it would send, in order; send nothing.")
@@ -157,9 +163,9 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
 @click.option("--timeout", callback=cli_cluster._duration, metavar="DURATION",
               help="Cluster, with --wait: give up waiting after this long (90s, 10m, 1h30m).")
 @cli_cluster.output_option
-def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, overrides: Sequence[str],
-           context: str | None, namespace: str | None, kubeconfig: str | None, dry_run: bool, wait_: bool,
-           timeout: float | None, output: str | None) -> None:
+def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, discovery_script: Optional[Path],
+           overrides: Sequence[str], context: str | None, namespace: str | None, kubeconfig: str | None,
+           dry_run: bool, wait_: bool, timeout: float | None, output: str | None) -> None:
     """Run a job: on the cluster of KUBECONFIG/--context as a Kubeflow MPIJob, or with `--local -np N`,
     as N ranks here following rank 0's progress."""
     from hvdk8s.data.cache import CacheError
@@ -170,7 +176,8 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, ove
         from click.core import ParameterSource
 
         given = click.get_current_context().get_parameter_source
-        misplaced = [f for f, p in (("-np", "np"), ("--no-resume", "no_resume"), ("--gloo/--mpi", "controller"))
+        misplaced = [f for f, p in (("-np", "np"), ("--no-resume", "no_resume"), ("--gloo/--mpi", "controller"),
+                                    ("--discovery-script", "discovery_script"))
                      if given(p) == ParameterSource.COMMANDLINE]
         if misplaced:
             raise UserError(f"{', '.join(misplaced)}: only with --local (a cluster job's ranks and resumption "
@@ -187,6 +194,18 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, ove
     if no_resume and spec.entrypoint is not None:
         raise UserError(f"{job}: --no-resume is for hvdk8s's trainer; this job's entrypoint decides how it resumes")
     _check_code(spec, job)
+    if discovery_script is not None:
+        if spec.training.elastic is None:
+            raise UserError(f"--discovery-script: {job} is not elastic (set training.elastic)")
+        problem = local_launch.check_discovery_script(discovery_script)
+        if problem:
+            raise UserError(f"--discovery-script: {problem}")
+        discovery_script = discovery_script.resolve()
+    if spec.training.elastic is not None:
+        e = spec.training.elastic
+        if not e.min_workers <= np <= e.max_workers:
+            raise UserError(f"-np {np}: training.elastic runs {e.min_workers} to {e.max_workers} workers "
+                            "(a local worker is one rank)")
     from hvdk8s.preflight import check_checkpoint_dir
 
     check_checkpoint_dir(spec, job)
@@ -194,7 +213,8 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, ove
         local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
     except CacheError as e:
         raise UserError(f"{job}: the dataset could not be synced", [("dataset.path", str(e))]) from None
-    code = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume)
+    code = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume,
+                            discovery_script=discovery_script)
     if code:
         err.print(f"[bold red]error:[/] the ranks exited with status {code}")
     sys.exit(code)

@@ -56,6 +56,9 @@ def _format(event: dict[str, Any]) -> str:
                 + (f"  loss scale {event['loss_scale']:g}" if event.get("loss_scale") is not None else ""))
     if kind == "checkpoint":
         return f"checkpoint {event['path']}"
+    if kind == "elastic":
+        left = f", {event['unread']} samples of it left" if event.get("unread") is not None else ""
+        return f"elastic: the workers changed; {event['ranks']} ranks from epoch {event['epoch']}{left}"
     if kind == "done":
         return (f"done: test accuracy {event['test_accuracy']:.2%} after {event['epochs']} epochs "
                 f"in {event['seconds']:.1f}s (parameters {event['digest']})")

@@ -37,6 +37,7 @@ _CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 JOB_ENV = "HVDK8S_JOB"
 
 
+INT32_MAX = 2**31 - 1  # replicas, slotsPerWorker, Horovod's rank count: 32-bit in the operator and in Horovod
 _Strict = StrictModel  # the name the models below (and others' additions) subclass
 
 
@@ -160,6 +161,23 @@ class CheckpointSpec(_Strict):
     keep: int = Field(default=3, ge=1, description="newest checkpoints kept")
 
 
+class ElasticSpec(_Strict):
+    """Horovod elastic training: the job keeps training while workers leave and join, between these bounds.
+    A worker is a pod on a cluster (resources.ranks_per_worker ranks each) and one rank in a local launch."""
+
+    min_workers: int = Field(ge=1, le=INT32_MAX, description="fewer than this: the job waits, then fails")
+    max_workers: int = Field(ge=1, le=INT32_MAX, description="more are not used")
+    commit_every_steps: int = Field(default=20, ge=1, le=1_000_000,
+                                    description="optimizer steps between in-memory commits of the state; a "
+                                                "failure loses at most this many")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "ElasticSpec":
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) is more than max_workers ({self.max_workers})")
+        return self
+
+
 class TrainingSpec(_Strict):
     epochs: int = Field(gt=0, le=1_000_000)
     batch_size: int = Field(gt=0, le=1 << 24, description="samples per rank per backward pass")
@@ -184,6 +202,8 @@ class TrainingSpec(_Strict):
                                                   "(Horovod's stall check; null: wait forever)")
     clip_grad_norm: Optional[float] = Field(default=None, gt=0.0, allow_inf_nan=False,
                                             description="clip the averaged gradients to this global L2 norm")
+    elastic: Optional[ElasticSpec] = Field(default=None, description="train on while workers leave and join "
+                                                                    "(Horovod elastic, Gloo)")
 
 
 class RDMASpec(_Strict):
@@ -232,7 +252,6 @@ class RDMASpec(_Strict):
         return ["eth0", *(k8snames.multus_interfaces(self.networks) if self.enabled and self.networks else [])]
 
 
-INT32_MAX = 2**31 - 1  # replicas, slotsPerWorker, Horovod's rank count: 32-bit in the operator and in Horovod
 
 
 def _k8s_valid(check, value: str) -> str:

@@ -34,8 +34,10 @@ with `optimizer.scale_loss(loss)` before taking gradients; `model.fit` does that
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
+import os
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -43,6 +45,7 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
+from horovod.common.elastic import ObjectState
 
 from hvdk8s import _adapter, compression as _compression, precision as _precision
 from hvdk8s._adapter import CONTRACT
@@ -107,8 +110,8 @@ def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str =
                         **horovod_options: Any) -> list:
     """Average gradients over all ranks in one grouped allreduce (None entries pass through).
     horovod_options (prescale_factor, postscale_factor, process_set) go to hvd.grouped_allreduce."""
-    if hvd.size() == 1:
-        return list(grads)
+    if hvd.size() == 1 and os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic: the size may grow later,
+        return list(grads)                                           # and the traced step must reduce then
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
@@ -163,10 +166,11 @@ class _ReduceInApply(_Distributed):
 
 
 def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, compression: str = "auto",
-               backward_passes_per_step: int = 1, op=None, root_rank: int = 0,
+               backward_passes_per_step: int = 1, op=None, root_rank: int = 0, broadcast: bool = True,
                **horovod_options: Any) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (same class, settings and state) whose updates use gradients averaged over
-    all ranks; if `model` is built, root_rank's model variables and optimizer state are broadcast now.
+    all ranks; if `model` is built, root_rank's model variables and optimizer state are broadcast now
+    (broadcast=False: not; elastic training's `ElasticState` syncs the ranks instead).
 
     compression: 'auto', 'fp16' or 'none'. backward_passes_per_step > 1 accumulates that many batches
     per update (Keras 3's gradient_accumulation_steps). Other keyword arguments (prescale_factor,
@@ -205,7 +209,7 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
             raise ValueError("the optimizer was built for other variables than model.trainable_variables")
         for mine, theirs in zip(dist.variables, optimizer.variables):
             mine.assign(theirs)
-    if model.built:
+    if model.built and broadcast:
         broadcast_state(model, dist, root_rank)
     return dist
 
@@ -297,11 +301,12 @@ def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: k
 
 
 def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None,
-                    root_rank: int = 0) -> tuple[int, dict]:
+                    root_rank: int = 0, broadcast: bool = True) -> tuple[int, dict]:
     """Resume from the newest valid checkpoint in `directory`, read by root_rank and broadcast (the
     directory need not be shared between nodes). Returns (epoch, extra) with extra["path"] the file read;
     (0, {}) when there is none. A file whose arrays do not fit this model's (and optimizer's) variables
-    is skipped with a message on stderr."""
+    is skipped with a message on stderr. broadcast=False: no collective; root_rank alone reads and
+    restores, the others get (0, {}) (elastic training: `ElasticState` syncs)."""
     from hvdk8s import checkpoint
 
     if optimizer is not None and not optimizer.built:  # its slots must exist to take the saved state
@@ -326,9 +331,65 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
             for var, value in zip(optimizer.variables, payload["optimizer"]):
                 var.assign(value)
         extra = {**payload["extra"], "path": str(path)}
+    if not broadcast:
+        return epoch, extra
     epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
     broadcast_state(model, optimizer, root_rank)
     return epoch, extra
+
+
+# --- elastic training ----------------------------------------------------------------------------
+
+class ElasticState(ObjectState):
+    """Horovod elastic state: the model's and optimizer's variables and any other attributes
+    (epoch=..., ...), kept in memory at each `commit()` and synced from rank 0 when workers join or leave
+    (`run_elastic`). After a failure every rank goes back to the last commit. (Horovod's own
+    TensorFlowKerasState is for tf.keras, not Keras 3.)"""
+
+    def __init__(self, model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None, **attrs: Any):
+        if optimizer is not None and not optimizer.built:  # its slots must exist to be saved and synced
+            optimizer.build(model.trainable_variables)
+        self._variables = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+        self._model, self._optimizer = model, optimizer
+        self._saved = [np.array(v) for v in self._variables]
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
+
+    def save(self) -> None:
+        self._saved = [np.array(v) for v in self._variables]
+        super().save()
+
+    def restore(self) -> None:
+        for variable, value in zip(self._variables, self._saved):
+            variable.assign(value)
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(self._variables, 0, "hvdk8s.elastic")
+        super().sync()
+
+
+def run_elastic(func):
+    """Decorate `func(state, ...)`, the training to run under Horovod elastic: on a change of workers
+    every rank re-initialises Horovod, calls the state's reset callbacks, syncs and calls `func` again.
+    Nothing before it may be collective (a joining worker runs only this). Unlike Horovod's TensorFlow
+    wrapper, errors that are not Horovod's propagate (that one returns None for any other UnknownError)."""
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as e:
+            if "Horovod" in (e.message or ""):  # a collective broken by a lost rank
+                raise HorovodInternalError(e) from e
+            raise
+
+    def reset() -> None:
+        hvd.shutdown()
+        hvd.init()
+
+    return run_fn(wrapper, reset)
 
 
 # --- Keras callbacks (what Horovod's Keras callbacks do, on Keras 3) -------------------------------

@@ -21,10 +21,13 @@ The verbs in hvdk8s._adapter.CONTRACT have the same parameters as in `hvdk8s.ten
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Optional
 
 import horovod.torch as hvd
+import horovod.torch.elastic  # noqa: F401  (hvd.elastic)
 import torch
+from horovod.common.elastic import ObjectState
 
 from hvdk8s import _adapter, compression as _compression, precision as _precision
 from hvdk8s._adapter import CONTRACT
@@ -95,9 +98,10 @@ def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
 
 
 def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, compression: str = "auto",
-               backward_passes_per_step: int = 1, op=None, root_rank: int = 0,
+               backward_passes_per_step: int = 1, op=None, root_rank: int = 0, broadcast: bool = True,
                **horovod_options: Any) -> hvd.DistributedOptimizer:
     """Broadcast root_rank's state to all ranks and wrap `optimizer` so gradients are averaged.
+    broadcast=False skips the broadcast (elastic training: `ElasticState` syncs the ranks instead).
 
     compression: 'auto' (default), 'fp16' or 'none'. backward_passes_per_step > 1 sums that many
     backward passes locally before one allreduce (scale each pass's loss by 1/passes for a mean).
@@ -111,7 +115,8 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
     # Horovod builds a new optimizer from the param groups: carry over state restored from a checkpoint.
     if optimizer.state_dict()["state"]:
         wrapped.load_state_dict(optimizer.state_dict())
-    broadcast_state(model, wrapped, root_rank)
+    if broadcast:
+        broadcast_state(model, wrapped, root_rank)
     return wrapped
 
 
@@ -230,11 +235,12 @@ def _restorer(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]
 
 
 def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                    root_rank: int = 0) -> tuple[int, dict]:
+                    root_rank: int = 0, broadcast: bool = True) -> tuple[int, dict]:
     """Resume from the newest checkpoint in `directory` that fits `model` (and `optimizer`), read by
     root_rank and broadcast (the directory need not be shared between nodes). Checkpoints that do not
     load or fit are skipped with a line on stderr. Returns (epoch, extra) with extra["path"] the file
-    read; (0, {}) when there is none. Works before or after `distribute`."""
+    read; (0, {}) when there is none. Works before or after `distribute`. broadcast=False: no collective;
+    root_rank alone reads and restores, the others get (0, {}) (elastic training: `ElasticState` syncs)."""
     from hvdk8s import checkpoint
 
     found = None
@@ -246,7 +252,50 @@ def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Optional[
     if found is not None:
         epoch, path, payload = found
         extra = {**payload.get("extra", {}), "path": str(path)}
+    if not broadcast:
+        return epoch, extra
     epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
     if epoch:
         broadcast_state(model, optimizer, root_rank)
     return epoch, extra
+
+
+# --- elastic training ----------------------------------------------------------------------------
+
+class ElasticState(ObjectState):
+    """Horovod elastic state: the model, the optimizer and any other attributes (epoch=..., ...), kept
+    in memory at each `commit()` and synced from rank 0 when workers join or leave (`run_elastic`).
+    After a failure every rank goes back to the last commit. Like horovod.torch.elastic.TorchState, but
+    the ranks are synced with `broadcast_state`, which never steps an optimizer that has no state yet."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, **attrs: Any):
+        self._model, self._optimizer = model, optimizer
+        self._saved = self._snapshot()
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
+
+    def _snapshot(self) -> tuple:
+        return (copy.deepcopy(self._model.state_dict()),
+                None if self._optimizer is None else copy.deepcopy(self._optimizer.state_dict()))
+
+    def save(self) -> None:
+        self._saved = self._snapshot()
+        super().save()
+
+    def restore(self) -> None:
+        model_state, optimizer_state = self._saved
+        self._model.load_state_dict(model_state)
+        if self._optimizer is not None:
+            self._optimizer.load_state_dict(optimizer_state)  # a distributed one also drops pending handles
+            self._optimizer.zero_grad()  # gradients of the interrupted step
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_state(self._model, self._optimizer)
+        super().sync()
+
+
+def run_elastic(func):
+    """Decorate `func(state, ...)`, the training to run under Horovod elastic: on a change of workers
+    every rank re-initialises Horovod, calls the state's reset callbacks, syncs and calls `func` again.
+    Nothing before it may be collective (a joining worker runs only this)."""
+    return hvd.elastic.run(func)

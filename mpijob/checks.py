@@ -42,7 +42,8 @@ def raise_for(spec: JobSpec) -> None:
 
 def cluster_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """(field path, what is wrong) for everything that keeps SPEC from running on a cluster."""
-    return _image(spec) + _storage(spec) + _environment(spec) + _launcher(spec) + _pod_security(spec)
+    return (_image(spec) + _storage(spec) + _environment(spec) + _launcher(spec) + _elastic(spec)
+            + _pod_security(spec))
 
 
 def _image(spec: JobSpec) -> list[tuple[str, str]]:
@@ -114,6 +115,22 @@ def _launcher(spec: JobSpec) -> list[tuple[str, str]]:
     if k8s.launcher.node_selector or k8s.launcher.tolerations:
         out.append(("kubernetes.launcher", "with run_launcher_as_worker the launcher is the worker: it is placed "
                                            "by kubernetes.node_selector and kubernetes.tolerations"))
+    return out
+
+
+def _elastic(spec: JobSpec) -> list[tuple[str, str]]:
+    e = spec.training.elastic
+    if e is None:
+        return []
+    out = []
+    workers = plan(spec.resources).workers
+    if not e.min_workers <= workers <= e.max_workers:
+        field = "resources.gpus" if spec.resources.gpus else "resources.workers"
+        out.append(("training.elastic", f"the job starts {workers} worker pod(s) ({field}), outside "
+                                        f"min_workers..max_workers ({e.min_workers}..{e.max_workers})"))
+    if spec.kubernetes.run_launcher_as_worker:
+        out.append(("kubernetes.run_launcher_as_worker", "not with training.elastic: workers come and go, and "
+                                                         "the launcher must outlive them"))
     return out
 
 

@@ -96,7 +96,10 @@ def run_policy(spec: JobSpec, topo: Topology) -> dict[str, Any]:
 
 
 def launcher_command(spec: JobSpec, topo: Topology) -> list[str]:
-    """Wait for every worker's sshd (bounded), then mpirun the ranks over them."""
+    """Wait for every worker's sshd (bounded), then mpirun the ranks over them; an elastic job's
+    horovodrun instead (`elastic_command`)."""
+    if spec.training.elastic is not None:
+        return elastic_command(spec, topo)
     wait = [PYTHON_IN_IMAGE, "-m", "hvdk8s.launch.workers", "--port", str(SSH_PORT),
             "--timeout", str(spec.kubernetes.worker_wait_seconds), "--"]
     cmd = ["mpirun", "-np", str(topo.ranks), "-bind-to", "none", "-map-by", "slot",
@@ -107,6 +110,25 @@ def launcher_command(spec: JobSpec, topo: Topology) -> list[str]:
     if spec.entrypoint is not None:
         return wait + cmd + cluster_argv(spec, JOB_DIR)
     return wait + cmd + ["hvdk8s", "train", JOB_FILE]
+
+
+def elastic_command(spec: JobSpec, topo: Topology) -> list[str]:
+    """horovodrun in elastic mode (Gloo, over the workers' sshd): it starts on the workers that answer and
+    re-reads them every second from the operator's discover_hosts.sh, filtered to those whose sshd
+    answers (hvdk8s.launch.discovery). Change the MPIJob's Worker replicas (within training.elastic's
+    bounds) to scale; a lost worker pod is recreated by the operator and joins again. horovodrun waits
+    up to worker_wait_seconds for the minimum. It forwards the launcher's environment to every rank."""
+    e, slots = spec.training.elastic, topo.slots_per_worker
+    discovery = " ".join([PYTHON_IN_IMAGE, "-m", "hvdk8s.launch.discovery", "--port", str(SSH_PORT),
+                          "--slots", str(slots), "/etc/mpi/discover_hosts.sh"])
+    cmd = ["horovodrun", "-np", str(topo.ranks), "--min-np", str(e.min_workers * slots),
+           "--max-np", str(e.max_workers * slots), "--slots", str(slots), "--host-discovery-script", discovery,
+           "--gloo", "--network-interfaces", network.MPI_INTERFACE, "--ssh-port", str(SSH_PORT),
+           "--elastic-timeout", str(spec.kubernetes.worker_wait_seconds)]
+    cmd += network.rank_prefix(spec.resources.rdma)
+    if spec.entrypoint is not None:
+        return cmd + cluster_argv(spec, JOB_DIR)
+    return cmd + ["hvdk8s", "train", JOB_FILE]
 
 
 def launcher_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:

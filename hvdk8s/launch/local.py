@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -49,13 +50,50 @@ def horovodrun() -> str:
     return found
 
 
-def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLER) -> list[str]:
+@dataclass(frozen=True)
+class Elastic:
+    """horovodrun's elastic mode: between min_np and max_np ranks, on the hosts and slots that the
+    discovery script prints (`host:slots` lines), read again every second."""
+
+    min_np: int
+    max_np: int
+    discovery_script: Path
+
+
+def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLER,
+            elastic: Optional[Elastic] = None) -> list[str]:
     """The horovodrun command line that starts `np` ranks of `program` (argv) on this machine."""
     if controller not in CONTROLLERS:
         raise LaunchError(f"controller must be one of {', '.join(CONTROLLERS)}, got {controller!r}")
     if np < 1:
         raise LaunchError(f"-np must be at least 1, got {np}")
-    return [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *program]
+    if elastic is None:
+        return [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *program]
+    if not elastic.min_np <= np <= elastic.max_np:
+        raise LaunchError(f"-np {np} is outside training.elastic's {elastic.min_np}..{elastic.max_np} workers "
+                          "(a local worker is one rank)")
+    # Elastic Horovod runs on Gloo only. On one machine Gloo must be told the loopback interface: without
+    # it, it hung in interface discovery (measured here, 60 s until killed).
+    return [horovodrun(), "-np", str(np), "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
+            "--host-discovery-script", str(elastic.discovery_script), "--gloo", "--network-interfaces", "lo",
+            *program]
+
+
+def local_discovery_script(directory: Path, np: int) -> Path:
+    """A discovery script that always offers this machine with `np` slots."""
+    script = Path(directory) / "discover_hosts.sh"
+    script.write_text(f"#!/bin/sh\necho localhost:{np}\n", encoding="utf-8")
+    script.chmod(0o755)
+    return script
+
+
+def check_discovery_script(path: Path) -> Optional[str]:
+    """Why `path` cannot be a discovery script, or None."""
+    if not path.is_file():
+        return f"{path}: no such file"
+    if not os.access(path, os.X_OK):
+        return f"{path}: not executable (chmod +x)"
+    return None
 
 
 def rank_program(spec, job_file: Path, job_dir: Path, source: str, resume: bool = True) -> list[str]:
@@ -109,13 +147,13 @@ def prepare_dataset(spec):
 
 
 def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
-        console=None) -> int:
+        console=None, discovery_script: Optional[Path] = None) -> int:
     """Start the ranks on the validated `spec` (from the job file `source` in `job_dir`), draw rank 0's
     progress, and return their exit status."""
     from rich.console import Console
 
     console = console or Console()
-    launcher = LocalLauncher(np, controller, resume)
+    launcher = LocalLauncher(np, controller, resume, discovery_script)
     launcher.submit(spec, job_dir, source)
     # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
     watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
@@ -129,8 +167,10 @@ class LocalLauncher:
     """The launcher protocol (`hvdk8s.launch.base.Launcher`) on this machine: one job, its ranks under
     horovodrun. `run` is submit, the progress view over `logs`, and the exit status, in the foreground."""
 
-    def __init__(self, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True):
+    def __init__(self, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
+                 discovery_script: Optional[Path] = None):
         self.np, self.controller, self.resume = np, controller, resume
+        self.discovery_script = discovery_script  # elastic jobs: default, this machine with np slots
         self.token = events.new_token()  # rank 0's events carry it: other output cannot pose as one
         self.proc: Optional[subprocess.Popen] = None
         self.name: Optional[str] = None
@@ -144,7 +184,11 @@ class LocalLauncher:
         self._tmp = tempfile.TemporaryDirectory(prefix="hvdk8s-job-")
         job_file = Path(self._tmp.name) / "job.yaml"
         job_file.write_text(dump_job(spec), encoding="utf-8")
-        cmd = command(rank_program(spec, job_file, job_dir, source, self.resume), self.np, self.controller)
+        elastic = None
+        if spec.training.elastic is not None:
+            script = self.discovery_script or local_discovery_script(Path(self._tmp.name), self.np)
+            elastic = Elastic(spec.training.elastic.min_workers, spec.training.elastic.max_workers, script)
+        cmd = command(rank_program(spec, job_file, job_dir, source, self.resume), self.np, self.controller, elastic)
         env = environment(self.np, job_file=job_file, job_dir=job_dir,
                           stall_timeout=spec.training.stall_timeout_seconds)
         env[events.TOKEN_ENV] = self.token

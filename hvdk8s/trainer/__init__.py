@@ -1,7 +1,8 @@
 """What each rank runs for `hvdk8s train`: a JobSpec in, a trained model (and checkpoints) out.
 
 `job` holds everything both frameworks share (the epoch loop, learning-rate policy, checkpoint timing,
-events, summary); `torch` and `tensorflow` supply only their steps, evaluation and checkpoint I/O.
+events, summary), `elastic` the same loop under Horovod elastic; `torch` and `tensorflow` supply only
+their steps, evaluation, checkpoint I/O and elastic state.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     """Train `spec` as one rank; returns the summary (test_accuracy, epochs, seconds, digest)."""
     from hvdk8s.data.datasets import holding, open_splits
 
+    from .elastic import run_elastic_epochs
     from .job import run_epochs
 
     if spec.entrypoint is not None:
@@ -25,4 +27,6 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
         else:
             from .tensorflow import KerasSteps as Steps
         steps = Steps(spec, splits)
+        if spec.training.elastic is not None:
+            return run_elastic_epochs(spec, steps, resume=resume)
         return run_epochs(spec, steps, steps.lr, resume=resume)

@@ -92,17 +92,22 @@ class Steps(Protocol):
     steps_per_epoch: int
     compression: str  # as resolved: "fp16" or "none"
 
-    def load(self, directory: str) -> tuple[int, dict]: ...
-    def train_epoch(self, epoch: int, progress: Progress) -> EpochStats: ...
+    def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]: ...
+    def train_epoch(self, epoch: int, progress: Progress, order=None, commit=None) -> EpochStats: ...
     def evaluate(self) -> tuple[float, float]: ...
     def save(self, directory: str, epoch: int, keep: int, extra: dict) -> Optional[str]: ...
     def digest(self) -> str: ...
     def loss_scale(self) -> Optional[float]: ...  # fp16: the current dynamic loss scale
+    # Elastic training only (training.elastic): the framework's ElasticState and run_elastic, and
+    # re-planning for the ranks there are after a change of workers.
+    def elastic_state(self, **attrs: Any): ...
+    def run_elastic(self, func: Callable): ...
+    def reshard(self) -> None: ...
 
 
-def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = True) -> dict[str, Any]:
-    """Resume, train the remaining epochs, evaluate, checkpoint; report every event on rank 0.
-    Returns the summary (test_accuracy, epochs, seconds, digest)."""
+def begin(spec: JobSpec, steps: Steps, *, resume: bool, broadcast: bool = True) -> tuple[Reporter, int]:
+    """Check the checkpoint directory, resume from it, and return rank 0's reporter and the first epoch
+    to train. broadcast=False (elastic): rank 0 alone reads the checkpoint; the state sync shares it."""
     t = spec.training
     report = Reporter(enabled=steps.rank == 0)
     if t.checkpoint.dir and steps.rank == 0:  # rank 0 writes them: fail now, not after an epoch
@@ -111,35 +116,57 @@ def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = Tr
             raise UserError(f"training.checkpoint.dir: {problem}")
     start_epoch = 1
     if t.checkpoint.dir and resume:
-        done_epoch, extra = steps.load(t.checkpoint.dir)
+        done_epoch, extra = steps.load(t.checkpoint.dir, broadcast=broadcast)
         start_epoch = done_epoch + 1
         if done_epoch:
             report.emit("resume", epoch=done_epoch, path=extra["path"], digest=steps.digest())
+    return report, start_epoch
+
+
+def announce(spec: JobSpec, steps: Steps, lr: "LRSchedule", report: Reporter, start_epoch: int) -> None:
+    t = spec.training
     report.emit("start", job=spec.name, framework=spec.framework, model=spec.model.label,
                 dataset=spec.dataset.label, ranks=steps.size, compression=steps.compression,
                 precision=t.precision, lr=lr.peak, steps_per_epoch=steps.steps_per_epoch, epochs=t.epochs,
                 start_epoch=start_epoch)
-    began = time.perf_counter()
-    test_acc = math.nan
-    for epoch in range(start_epoch, t.epochs + 1):
-        epoch_began = time.perf_counter()
-        stats = steps.train_epoch(epoch, Progress(report, epoch, steps.steps_per_epoch))
-        seconds = time.perf_counter() - epoch_began
-        test_loss, test_acc = steps.evaluate()
-        scale = {"loss_scale": steps.loss_scale()} if t.precision == "fp16" else {}
-        report.emit("epoch", epoch=epoch, epochs=t.epochs, loss=stats.loss, accuracy=stats.accuracy,
-                    test_loss=test_loss, test_accuracy=test_acc, samples_per_s=stats.samples / seconds,
-                    seconds=seconds, **scale)
-        if checkpoint_due(t, epoch):
-            path = steps.save(t.checkpoint.dir, epoch, t.checkpoint.keep, {"job": spec.name})
-            if path is not None:
-                report.emit("checkpoint", epoch=epoch, path=str(path))
-    if start_epoch > t.epochs:  # nothing left to train: report the restored model
+
+
+def end_epoch(spec: JobSpec, steps: Steps, report: Reporter, epoch: int, stats: EpochStats, seconds: float) -> float:
+    """Evaluate, report the epoch and checkpoint when due; returns the test accuracy."""
+    t = spec.training
+    test_loss, test_acc = steps.evaluate()
+    scale = {"loss_scale": steps.loss_scale()} if t.precision == "fp16" else {}
+    report.emit("epoch", epoch=epoch, epochs=t.epochs, loss=stats.loss, accuracy=stats.accuracy,
+                test_loss=test_loss, test_accuracy=test_acc, samples_per_s=stats.samples / seconds,
+                seconds=seconds, **scale)
+    if checkpoint_due(t, epoch):
+        path = steps.save(t.checkpoint.dir, epoch, t.checkpoint.keep, {"job": spec.name})
+        if path is not None:
+            report.emit("checkpoint", epoch=epoch, path=str(path))
+    return test_acc
+
+
+def finish(spec: JobSpec, steps: Steps, report: Reporter, began: float, test_acc: float) -> dict[str, Any]:
+    if math.isnan(test_acc):  # nothing was left to train (the same on every rank): report the restored model
         test_acc = steps.evaluate()[1]
-    summary = {"test_accuracy": test_acc, "epochs": t.epochs, "seconds": time.perf_counter() - began,
+    summary = {"test_accuracy": test_acc, "epochs": spec.training.epochs, "seconds": time.perf_counter() - began,
                "digest": steps.digest()}
     report.emit("done", **summary)
     return summary
+
+
+def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = True) -> dict[str, Any]:
+    """Resume, train the remaining epochs, evaluate, checkpoint; report every event on rank 0.
+    Returns the summary (test_accuracy, epochs, seconds, digest)."""
+    report, start_epoch = begin(spec, steps, resume=resume)
+    announce(spec, steps, lr, report, start_epoch)
+    began = time.perf_counter()
+    test_acc = math.nan
+    for epoch in range(start_epoch, spec.training.epochs + 1):
+        epoch_began = time.perf_counter()
+        stats = steps.train_epoch(epoch, Progress(report, epoch, steps.steps_per_epoch))
+        test_acc = end_epoch(spec, steps, report, epoch, stats, time.perf_counter() - epoch_began)
+    return finish(spec, steps, report, began, test_acc)
 
 
 def build_model(spec: JobSpec, info: dict[str, Any]):

@@ -2,13 +2,15 @@
 itself is `hvdk8s.trainer.job.run_epochs`."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import hvdk8s.torch as ht
 from hvdk8s.data.datasets import ArrayDataset, IndexSubset
+from hvdk8s.data.sharding import unread_after
 from hvdk8s.data.shards import ShardedDataset
 from hvdk8s.data.torch import ShardedLoader
 from hvdk8s.spec import JobSpec
@@ -84,19 +86,38 @@ class TorchSteps:
         torch.manual_seed(t.seed)
         self.model = build_model(spec, splits["train"].info).to(dev)
         self.k = t.backward_passes_per_step
-        self.train_loader = ShardedLoader(splits["train"], t.batch_size, rank=self.rank, size=self.size,
-                                          seed=t.seed, steps_multiple=self.k, device=dev,
-                                          prefetch=prefetch_depth(splits["train"], dev))
-        self.test_loader = ShardedLoader(splits["test"], max(256, t.batch_size), rank=self.rank, size=self.size,
-                                         shuffle=False, device=dev, prefetch=prefetch_depth(splits["test"], dev))
-        self.global_counts = self.train_loader.global_counts
-        self.steps_per_epoch = len(self.global_counts)
-        self.lr = LRSchedule.for_job(t, self.size, self.steps_per_epoch // self.k)
+        self.splits = splits
+        self._plan_ranks()
         self.optimizer = make_optimizer(t, self.model.parameters(), self.lr.peak)
         self.loss = loss_fn(spec.model.resolved_task)
         self.scaler = ht.grad_scaler(t.precision)
         self.compression = ht.resolve_compression(t.compression)
         self.distributed = False
+        if t.elastic is not None:  # wrapped now, without a broadcast: the elastic state's sync is the one
+            self.optimizer = ht.distribute(self.model, self.optimizer, compression=t.compression,
+                                           backward_passes_per_step=self.k, broadcast=False)
+            self.distributed = True
+
+    def _plan_ranks(self) -> None:
+        """Loaders and learning rate for this rank and the number of ranks (again after an elastic change)."""
+        t, dev, splits = self.training, ht.device(), self.splits
+        self.train_loader = ShardedLoader(splits["train"], t.batch_size, rank=self.rank, size=self.size,
+                                          seed=t.seed, steps_multiple=self.k, device=dev,
+                                          prefetch=prefetch_depth(splits["train"], dev))
+        self.test_loader = ShardedLoader(splits["test"], max(256, t.batch_size), rank=self.rank, size=self.size,
+                                         shuffle=False, device=dev, prefetch=prefetch_depth(splits["test"], dev))
+        self.steps_per_epoch = len(self.train_loader.global_counts)
+        self.lr = LRSchedule.for_job(t, self.size, self.steps_per_epoch // self.k)
+
+    def reshard(self) -> None:
+        self.rank, self.size = ht.rank(), ht.size()
+        self._plan_ranks()
+
+    def elastic_state(self, **attrs: Any) -> ht.ElasticState:
+        return ht.ElasticState(self.model, self.optimizer, **attrs)
+
+    def run_elastic(self, func):
+        return ht.run_elastic(func)
 
     def _distribute(self) -> None:
         """Wrap the optimizer once, after any resume (distribute broadcasts rank 0's restored state)."""
@@ -105,22 +126,29 @@ class TorchSteps:
                                            backward_passes_per_step=self.k)
             self.distributed = True
 
-    def load(self, directory: str) -> tuple[int, dict]:
-        found = ht.load_checkpoint(directory, self.model, self.optimizer)
+    def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]:
+        found = ht.load_checkpoint(directory, self.model, self.optimizer, broadcast=broadcast)
         self._distribute()
         return found
 
-    def train_epoch(self, epoch: int, progress: Progress) -> EpochStats:
+    def train_epoch(self, epoch: int, progress: Progress, order: Optional[np.ndarray] = None,
+                    commit: Optional[Callable[[np.ndarray], None]] = None) -> EpochStats:
+        """One epoch, or (elastic) what is left of it: `order`. `commit(unread)` is called every
+        training.elastic.commit_every_steps optimizer steps with the part of the order still unread."""
         self._distribute()
         t, k, model, optimizer = self.training, self.k, self.model, self.optimizer
-        self.train_loader.set_epoch(epoch)
+        self.train_loader.set_epoch(epoch, order)
+        counts = self.train_loader.global_counts
         model.train()
         sums = Sums(ht.device())
-        opt_steps = (epoch - 1) * (self.steps_per_epoch // k)
+        per_epoch = self.steps_per_epoch // k
+        read = 0 if order is None else len(self.train_loader.dataset) - len(order)  # before a change of ranks
+        opt_steps = (epoch - 1) * per_epoch + round(read / len(self.train_loader.dataset) * per_epoch)
+        every = t.elastic.commit_every_steps * k if commit is not None else 0
         done = 0
         for i, batch in enumerate(self.train_loader):
             if i % k == 0:
-                group_total = int(self.global_counts[i:i + k].sum())
+                group_total = int(counts[i:i + k].sum())
                 for group in optimizer.param_groups:
                     group["lr"] = self.lr.at(opt_steps + i // k)
             with ht.autocast(t.precision):
@@ -135,6 +163,8 @@ class TorchSteps:
             if (i + 1) % k == 0:
                 ht.step(optimizer, scaler=self.scaler, clip_grad_norm=t.clip_grad_norm)
                 optimizer.zero_grad()
+                if every and (i + 1) % every == 0 and i + 1 < len(counts):
+                    commit(unread_after(self.train_loader.epoch_order(), self.size, t.batch_size, i + 1))
             done += batch.global_count
             progress.step(i + 1, done, sums.mean_loss)
         loss_sum, correct, counted, samples = sums.allreduce("hvdk8s.train_metrics")

@@ -1,0 +1,149 @@
+"""Elastic training (training.elastic): a real local run whose discovery script changes while it trains
+(2 -> 1 -> 2 ranks) keeps training and reaches the target in both frameworks; the epoch plan reads every
+sample once across a change of ranks; the cluster launcher runs horovodrun elastic over the operator's
+discover_hosts.sh, filtered to the workers whose sshd answers."""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import ROOT, invoke
+from hvdk8s.data.sharding import plan_epoch, unread_after
+
+ELASTIC = {"min_workers": 1, "max_workers": 2, "commit_every_steps": 4}
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 300), batch=st.integers(1, 40), sizes=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+       data=st.data())
+def test_an_epoch_read_across_changes_of_ranks_reads_every_sample_once(n, batch, sizes, data):
+    order = np.random.default_rng(n).permutation(n)
+    read, left = [], order
+    for size in sizes:
+        plans = [plan_epoch(left, r, size, batch) for r in range(size)]
+        steps = data.draw(st.integers(0, plans[0].steps))
+        read += [i for p in plans for i in p.indices[:steps * batch]]
+        left = unread_after(left, size, batch, steps)
+    read += list(left)
+    assert sorted(read) == list(range(n))
+
+
+def _job(job_file, framework: str, epochs: int):
+    return job_file({"framework": framework, "training": {"epochs": epochs, "elastic": ELASTIC}})
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("framework, epochs", [("pytorch", 40), ("tensorflow", 20)])
+def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, epochs):
+    """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it
+    runs on 1 rank. The launch must report both changes, train every epoch and reach 95% on digits."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2",
+                             str(_job(job_file, framework, epochs)), "--discovery-script", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    timer = threading.Timer(400, proc.kill)  # a hang fails the test, with the output so far
+    timer.start()
+    lines, phase = [], "two"
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if phase == "two" and line.startswith("epoch 2/"):
+                hosts.write_text("localhost:1\n")
+                phase = "shrinking"
+            elif phase == "shrinking" and re.match(r"elastic: .* 1 ranks", line):
+                hosts.write_text("localhost:2\n")
+                phase = "growing"
+            elif phase == "growing" and re.match(r"elastic: .* 2 ranks", line):
+                phase = "grown"
+    finally:
+        timer.cancel()
+    code, out = proc.wait(), "".join(lines)
+    assert code == 0, out
+    assert phase == "grown", f"the job did not go 2 -> 1 -> 2 ranks:\n{out}"
+    assert [int(e) for e in re.findall(r"^epoch (\d+)/", out, re.M)][-1] == epochs, out
+    accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", out).group(1)) / 100
+    assert accuracy >= 0.95, out
+
+
+def test_elastic_bounds_are_checked_where_they_are_given(job_file, tmp_path):
+    bad = invoke("validate", job_file({"training": {"elastic": {"min_workers": 3, "max_workers": 2}}}))
+    assert bad.exit_code == 2 and "training.elastic" in bad.output and "min_workers (3)" in bad.output
+    job = job_file({"training": {"elastic": ELASTIC}})
+    outside = invoke("launch", "--local", "-np", "3", job)
+    assert outside.exit_code == 2 and "-np 3" in outside.output
+    missing = invoke("launch", "--local", "-np", "2", job, "--discovery-script", tmp_path / "nope.sh")
+    assert missing.exit_code == 2 and "--discovery-script" in missing.output and "nope.sh" in missing.output
+    not_elastic = invoke("launch", "--local", "-np", "2", job_file(), "--discovery-script", tmp_path / "nope.sh")
+    assert not_elastic.exit_code == 2 and "not elastic" in not_elastic.output
+
+
+def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discovery(job_file, tmp_path):
+    from hvdk8s.spec import load_job
+    from hvdk8s.mpijob.render import mpijob
+
+    job = job_file({"training": {"elastic": ELASTIC}, "resources": {"workers": 2, "ranks_per_worker": 2}})
+    launcher = mpijob(load_job(job))
+    command = launcher["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:10] == ["horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "--slots", "2",
+                            "--host-discovery-script"]
+    assert command[10].endswith("-m hvdk8s.launch.discovery --port 2222 --slots 2 /etc/mpi/discover_hosts.sh")
+    assert "--gloo" in command and command[-3:] == ["hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
+
+    too_many = invoke("render", job, "--set", "resources.workers=3", "-o", tmp_path / "out")
+    assert too_many.exit_code == 2 and "training.elastic" in too_many.output and "1..2" in too_many.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def fake_sshd():
+    """A loopback server that greets like sshd; its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-test\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_discovery_offers_only_the_workers_whose_sshd_answers(tmp_path, fake_sshd):
+    operator_script = tmp_path / "discover_hosts.sh"
+    operator_script.write_text("#!/bin/sh\necho 127.0.0.1\necho 127.0.0.2\necho no-such-worker.invalid\n")
+    operator_script.chmod(0o755)
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "hvdk8s.launch.discovery", "--port", str(fake_sshd), "--slots", "2",
+                          "--probe-timeout", "2", str(operator_script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["127.0.0.1:2"], out.stdout  # 127.0.0.2: nothing listens on that port
+    assert time.monotonic() - started < 30
+
+    failing = tmp_path / "failing.sh"
+    failing.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    failing.chmod(0o755)
+    bad = subprocess.run([sys.executable, "-m", "hvdk8s.launch.discovery", "--slots", "1", str(failing)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "exited with 3" in bad.stderr and "broken" in bad.stderr
