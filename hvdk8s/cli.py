@@ -274,13 +274,16 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True, help="Parallel copies.")
 @click.option("--quota", callback=_size, metavar="SIZE",
               help="Keep the cache within SIZE (e.g. 50Gi), evicting least recently used datasets not in use.")
+@click.option("--lease", callback=cli_cluster._duration, metavar="DURATION",
+              help="Once synced, keep the dataset from eviction this long (90s, 10m, 1h30m), as if held: for "
+                   "jobs whose ranks start after this command exits (a cluster's init container).")
 def cache_sync(src: str, dst: str, key: str | None, version: str | None, verify: bool, workers: int,
-               quota: int | None) -> None:
+               quota: int | None, lease: float | None) -> None:
     """Sync SRC into the cache at DST; prints the synced data directory last."""
     from hvdk8s.data import cache as dc
 
     result = dc.sync(src, dst, key=key, version=version, verify=verify, workers=workers, progress=True,
-                     quota_bytes=quota)
+                     quota_bytes=quota, lease_seconds=lease)
     click.echo(str(result.path))
 
 
@@ -303,9 +306,19 @@ def cache_ls(dst: str) -> None:
     for d in datasets:
         used = datetime.datetime.fromtimestamp(d.last_used).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(d.key, d.source or "?", format_size(d.bytes), str(d.files), used,
-                      "yes" if d.held else "no", "yes" if d.complete else "no")
+                      _held(d.held, d.leased_until), "yes" if d.complete else "no")
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000)  # pipes get whole rows
     out.print(table, highlight=False, markup=False)
+
+
+def _held(held: bool, leased_until: float | None) -> str:
+    """`cache ls`'s held column: yes (a job holds it), leased until when, or no."""
+    from hvdk8s.data.cache.store import format_time
+
+    lease = None if leased_until is None else f"leased until {format_time(leased_until)}"
+    if held:
+        return "yes" + (f", {lease}" if lease else "")
+    return lease or "no"
 
 
 @cache.command("evict")
@@ -315,8 +328,9 @@ def cache_ls(dst: str) -> None:
               help="Evict least recently used datasets until the cache holds at most SIZE (0: all not in use).")
 def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
     """Remove datasets from the cache at DST: the KEYs named, and/or down to --quota. Datasets held by
-    running jobs (or being synced) stay."""
+    running jobs, leased by a sync (`cache sync --lease`) until their lease ends, or being synced stay."""
     from hvdk8s.data import cache as dc
+    from hvdk8s.data.cache.store import format_time
 
     if not keys and quota is None:
         err.print("[bold red]error:[/] name the datasets to evict (KEY ...) or give --quota SIZE "
@@ -327,8 +341,10 @@ def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
         click.echo(f"evicted {key}")
     kept = [k for k in keys if k not in removed]
     for key in kept:
-        err.print(f"[yellow]warning:[/] {key} is in use (held by a running job, or being synced); not evicted",
-                  highlight=False)
+        until = dc.leased_until(dst, key)
+        why = (f"is leased until {format_time(until)} (synced with --lease for a job whose ranks hold it later)"
+               if until is not None else "is in use (held by a running job, or being synced)")
+        err.print(f"[yellow]warning:[/] {key} {why}; not evicted", highlight=False)
     if kept:
         sys.exit(1)
 

@@ -37,13 +37,27 @@ def source_volume(spec: JobSpec):
     return None if d is None or d.remote else volumes.covering(spec, d.path)
 
 
+# How long the ranks may take, beyond the launcher's wait for the workers, to hold the dataset themselves.
+LEASE_MARGIN_SECONDS = 600
+
+
+def lease_seconds(spec: JobSpec) -> int:
+    """How long the init container's sync leases the dataset. The init container exits once synced, and
+    the ranks take their own hold only when mpirun starts them: after the launcher has waited (up to
+    worker_wait_seconds) for every worker, then within seconds. In between nothing holds the dataset,
+    and another job's `cache sync --quota` or a `cache evict` on the node would remove it; the lease
+    keeps it through that wait plus a generous margin, and then expires by itself, so a job that never
+    starts its ranks does not pin the dataset."""
+    return spec.kubernetes.worker_wait_seconds + LEASE_MARGIN_SECONDS
+
+
 def sync_command(spec: JobSpec) -> list[str]:
     cmd = ["hvdk8s", "cache", "sync", spec.dataset.path, spec.kubernetes.cache_dir]
     if spec.dataset.version:
         cmd += ["--version", spec.dataset.version]
     if spec.kubernetes.cache_quota:
         cmd += ["--quota", spec.kubernetes.cache_quota]
-    return cmd
+    return cmd + ["--lease", f"{lease_seconds(spec)}s"]
 
 
 def _source_env(spec: JobSpec) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, invoke
 from hvdk8s.data.cache import CacheError, cached_path, dataset_key, evict, list_datasets, sync, write_manifest
 from hvdk8s.data.cache.sources import open_source
 from hvdk8s.data.cache.transfer import fetch
@@ -320,3 +320,71 @@ def test_the_hold_lasts_as_long_as_the_syncing_process_even_if_the_result_is_dro
         holder.kill()  # the kernel drops the hold with the process
         holder.wait()
     assert evict(cache, quota_bytes=0) == [dataset_key(str(src))]
+
+
+def lease_file(cache: Path, key: str) -> Path:
+    return cache / key / ".lease"
+
+
+def test_a_lease_keeps_a_dataset_from_eviction_after_its_syncing_process_has_exited(tmp_path):
+    """A cluster's init container syncs with --lease and exits; the ranks hold the dataset only later. Until
+    then another job's `cache evict` (by quota or by key) leaves it, as it leaves a held one; once the lease
+    has expired it is evicted like any other."""
+    from hvdk8s.data.cache.store import format_time
+
+    write_tree(tmp_path / "leased", {"a.bin": 1000}, seed=16)
+    write_tree(tmp_path / "other", {"b.bin": 1000}, seed=17)
+    cache = tmp_path / "cache"
+    other = sync(str(tmp_path / "other"), cache).key
+    before = time.time()
+    proc = cli("cache", "sync", tmp_path / "leased", cache, "--lease", "10m")  # the init container: exits
+    assert proc.returncode == 0, proc.stderr
+    key = dataset_key(str(tmp_path / "leased"))
+    until = float(lease_file(cache, key).read_text())
+    assert before + 600 <= until <= time.time() + 600
+
+    done = invoke("cache", "evict", cache, "--quota", "0")  # another job on the node (in-process: faster)
+    assert done.exit_code == 0 and done.stdout.split() == ["evicted", other], done.stdout + done.stderr
+    assert cached_path(str(tmp_path / "leased"), cache) is not None
+    [shown] = list_datasets(cache)
+    assert (shown.key, shown.held, shown.leased_until) == (key, False, until)
+    assert f"leased until {format_time(until)}" in invoke("cache", "ls", cache).stdout
+    done = invoke("cache", "evict", cache, key)
+    assert done.exit_code == 1, done.stdout + done.stderr  # as for a held dataset
+    assert f"{key} is leased until {format_time(until)}" in done.stderr and "not evicted" in done.stderr
+    assert cached_path(str(tmp_path / "leased"), cache) is not None
+
+    lease_file(cache, key).write_text(f"{time.time() - 1:.3f}\n")  # the ranks never came: the lease expired
+    assert [d.leased_until for d in list_datasets(cache)] == [None]
+    assert evict(cache, keys=[key]) == [key] and list_datasets(cache) == []
+
+
+def test_make_room_refuses_rather_than_evicting_a_leased_dataset(tmp_path):
+    write_tree(tmp_path / "leased", {"a.bin": 30_000}, seed=18)
+    write_tree(tmp_path / "new", {"b.bin": 30_000}, seed=19)
+    cache = tmp_path / "cache"
+    leased = sync(str(tmp_path / "leased"), cache, lease_seconds=600)
+    assert leased.leased_until == float(lease_file(cache, leased.key).read_text())
+    with pytest.raises(CacheError, match=rf"needs 29\.3 KiB .* leased .*\(leased: {leased.key} until "):
+        sync(str(tmp_path / "new"), cache, quota_bytes=50_000)
+    assert [d.key for d in list_datasets(cache) if d.complete] == [leased.key]
+    assert evict(cache, quota_bytes=0) == [] and cached_path(str(tmp_path / "leased"), cache) is not None
+
+    lease_file(cache, leased.key).write_text(f"{time.time() - 1:.3f}\n")  # expired: evicted to make room
+    new = sync(str(tmp_path / "new"), cache, quota_bytes=50_000)
+    assert [d.key for d in list_datasets(cache)] == [new.key]
+
+
+def test_a_lease_is_never_shortened_and_must_be_a_sane_duration(tmp_path):
+    write_tree(tmp_path / "src", {"a.bin": 100}, seed=20)
+    cache = tmp_path / "cache"
+    key = dataset_key(str(tmp_path / "src"))
+    long = sync(str(tmp_path / "src"), cache, lease_seconds=3600).leased_until
+    assert sync(str(tmp_path / "src"), cache, lease_seconds=60).leased_until == long  # a second job's sync
+    assert float(lease_file(cache, key).read_text()) == long
+    assert sync(str(tmp_path / "src"), cache, lease_seconds=7200).leased_until > long
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(CacheError, match="lease_seconds"):
+            sync(str(tmp_path / "src"), cache, lease_seconds=bad)
+    lease_file(cache, key).write_text("garbage")  # only tampering does this: no lease
+    assert evict(cache, quota_bytes=0) == [key]

@@ -386,7 +386,7 @@ def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
     assert permissions["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert permissions["securityContext"]["privileged"] is False
     assert sync["command"] == ["hvdk8s", "cache", "sync", "s3://datasets/cifar10-shards", "/var/cache/hvdk8s",
-                               "--version", "2024-06", "--quota", "500Gi"]
+                               "--version", "2024-06", "--quota", "500Gi", "--lease", "1500s"]
     assert "runAsUser" not in sync["securityContext"]  # the pod's non-root user
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sync["env"]}
     assert env == {"AWS_ENDPOINT_URL": "https://minio.storage.svc:9000",
@@ -396,6 +396,23 @@ def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
     launcher = containers(job, "Launcher")[0]
     assert env_of(launcher)["HVDK8S_CACHE_DIR"] == "/var/cache/hvdk8s"  # forwarded to the ranks (-x)
     assert "HVDK8S_CACHE_DIR" in launcher["command"]
+
+
+@pytest.mark.parametrize("case,wait", [("s3-cached", 60), ("nfs-cached", 86400)])
+def test_the_init_container_leases_the_dataset_through_the_launchers_wait_for_workers(case, wait):
+    """The init container exits before the ranks take their hold (after the launcher's wait for the
+    workers): its sync leases the dataset for that wait plus 600 s, in the CLI's own duration syntax."""
+    import click
+
+    from hvdk8s.cli_cluster import _duration
+
+    job = job_of(case, f"kubernetes.worker_wait_seconds={wait}")
+    command = pod_of(job, "Worker")["initContainers"][1]["command"]
+    assert command[:3] == ["hvdk8s", "cache", "sync"] and command.count("--lease") == 1
+    lease = command[command.index("--lease") + 1]
+    assert _duration(click.Context(click.Command("x")), None, lease) == wait + 600
+    ds = renderer.warm_daemonset(load_job(GOLDEN / case / "job.yaml", [f"kubernetes.worker_wait_seconds={wait}"]))
+    assert ds["spec"]["template"]["spec"]["initContainers"][1]["command"] == command
 
 
 def test_each_namespace_has_its_own_cache_directory_on_the_node():

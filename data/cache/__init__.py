@@ -8,6 +8,8 @@ a crash, shared by the jobs on the node, evicted least recently used first.
         train(data_dir)
 
 A process that did not sync holds a dataset with `hold(cache_root, key)` (as each rank does).
+When the ranks start only after the syncing process has exited (a cluster's init container), the sync
+leases the dataset instead: `sync(..., lease_seconds=1500)` keeps it from eviction, as if held, that long.
 
 Layout, one directory per dataset key under the cache root: see `layout`. Source access and S3
 settings: see `sources`. What a local source may hold (regular files, links to them): see `localtree`.
@@ -16,8 +18,8 @@ How long a source that stops answering is waited for: see `timeouts`.
 from .errors import CacheError
 from .keys import dataset_key
 from .published import write_manifest
-from .store import CachedDataset, Hold, cached_path, evict, hold, list_datasets
+from .store import CachedDataset, Hold, cached_path, evict, hold, leased_until, list_datasets
 from .syncer import SyncResult, sync
 
 __all__ = ["CacheError", "CachedDataset", "Hold", "SyncResult", "cached_path", "dataset_key", "evict", "hold",
-           "list_datasets", "sync", "write_manifest"]
+           "leased_until", "list_datasets", "sync", "write_manifest"]

@@ -7,12 +7,15 @@
     <root>/<key>/last-used       its mtime is when a sync or a job last used the dataset (LRU)
     <root>/<key>/.lock           exclusive flock while syncing
     <root>/<key>/.hold           shared flocks of running jobs
+    <root>/<key>/.lease          until when (seconds since the epoch) a sync leased the dataset to a job
+                                 whose ranks take their hold later (see store); eviction keeps it till then
     .../.<name>.<8 hex>.hvdk8s-part   a file being copied (see diskio); never a final name
     <root>/.trash-<key>-<8 hex>  a dataset being evicted (see store)
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from dataclasses import asdict, dataclass
@@ -84,6 +87,7 @@ class DatasetDir:
         self.used_path = self.path / "last-used"
         self.lock_path = self.path / ".lock"
         self.hold_path = self.path / ".hold"
+        self.lease_path = self.path / ".lease"
 
     # -- completeness -------------------------------------------------------------------------------
     def read_manifest(self) -> Manifest | None:
@@ -134,6 +138,25 @@ class DatasetDir:
             return str(json.loads(self.source_path.read_bytes())["source"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def read_lease(self) -> float | None:
+        """When the dataset's lease ends (seconds since the epoch, expired or not), or None without one.
+        It is written atomically, so only tampering makes it unreadable or not finite: then it counts as
+        absent (no dataset is kept forever by a damaged file)."""
+        try:
+            until = float(self.lease_path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return until if math.isfinite(until) else None
+
+    def extend_lease(self, until: float) -> float:
+        """Lease the dataset until `until` unless it is leased longer already (a lease is never
+        shortened); returns the lease's end. The caller holds the sync lock, which eviction takes too."""
+        current = self.read_lease()
+        if current is not None and current >= until:
+            return current
+        atomic_write(self.lease_path, f"{until!r}\n".encode())  # repr: read back exactly
+        return until
 
     def touch_used(self) -> None:
         self.used_path.touch()  # sets the mtime to now when the file exists already

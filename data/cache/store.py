@@ -1,14 +1,19 @@
 """The cache as a whole: which datasets it holds, which are in use, and removing them.
 
 A running job holds its dataset with a shared flock on `<key>/.hold`; eviction takes that lock (and the
-sync lock) exclusively without waiting, so a dataset in use or being synced is never removed. Removal
-renames the dataset to a trash name first: a half-deleted dataset never sits under its key.
+sync lock) exclusively without waiting, so a dataset in use or being synced is never removed. A sync may
+also lease its dataset for a while (`<key>/.lease`, for a job whose ranks take their hold only later, as
+on a cluster, where an init container syncs and exits): until the lease ends, eviction treats the
+dataset as held; an expired lease counts for nothing. Removal renames the dataset to a trash name first:
+a half-deleted dataset never sits under its key.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +36,8 @@ class CachedDataset:
     files: int
     last_used: float
     complete: bool
-    held: bool
+    held: bool                       # a job holds it (a shared flock on .hold) right now
+    leased_until: float | None = None  # the end of an unexpired lease (seconds since the epoch)
 
 
 def cached_path(source: str, cache_root: str | os.PathLike, version: str | None = None) -> Path | None:
@@ -79,6 +85,22 @@ def hold(cache_root: str | os.PathLike, key: str) -> Iterator[Path]:
         yield data
 
 
+def format_time(ts: float) -> str:
+    """A time as people read it in messages and `cache ls`: local, with its zone."""
+    return datetime.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _lease_end(ds: DatasetDir) -> float | None:
+    """The end of the dataset's lease if it has not passed yet, else None."""
+    until = ds.read_lease()
+    return until if until is not None and until > time.time() else None
+
+
+def leased_until(cache_root: str | os.PathLike, key: str) -> float | None:
+    """Until when dataset `key` is leased (kept from eviction as if held), or None if it is not (any more)."""
+    return _lease_end(DatasetDir(Path(cache_root), check_key(key)))
+
+
 def _is_held(ds: DatasetDir) -> bool:
     fd = locks.try_exclusive(ds.hold_path)
     if fd is None:
@@ -97,7 +119,7 @@ def _describe(ds: DatasetDir) -> CachedDataset:
         nbytes = sum(st.st_size for st in on_disk.values()) + sum(p.stat().st_size for p in parts if p.exists())
         nfiles = len(on_disk)
     return CachedDataset(key=ds.key, source=source, bytes=nbytes, files=nfiles, last_used=ds.last_used(),
-                         complete=manifest is not None, held=_is_held(ds))
+                         complete=manifest is not None, held=_is_held(ds), leased_until=_lease_end(ds))
 
 
 def _purge_trash(root: Path) -> None:
@@ -122,8 +144,9 @@ def list_datasets(cache_root: str | os.PathLike) -> list[CachedDataset]:
 
 
 def _evict_one(root: Path, key: str, only_if_empty: bool = False) -> bool:
-    """Remove dataset `key` unless a job holds it or a sync is writing it (or, with `only_if_empty`,
-    unless anything was synced into it)."""
+    """Remove dataset `key` unless a job holds it, a sync is writing it or an unexpired lease keeps it (or,
+    with `only_if_empty`, unless anything was synced into it). The lease is read under the sync lock,
+    under which a sync writes it: a sync that just finished has leased its dataset before we look."""
     ds = DatasetDir(root, key)
     hold_fd = locks.try_exclusive(ds.hold_path)
     if hold_fd is None:
@@ -133,6 +156,8 @@ def _evict_one(root: Path, key: str, only_if_empty: bool = False) -> bool:
         if lock_fd is None:
             return False
         try:
+            if _lease_end(ds) is not None:
+                return False
             if only_if_empty and (ds.data.exists() or ds.journal_path.exists() or ds.manifest_path.exists()):
                 return False
             trash = root / f"{TRASH_PREFIX}{key}-{secrets.token_hex(4)}"
@@ -153,7 +178,7 @@ def discard_if_empty(cache_root: Path, key: str) -> None:
 def evict(cache_root: str | os.PathLike, *, keys: list[str] | None = None,
           quota_bytes: int | None = None) -> list[str]:
     """Remove the datasets named by `keys`, then, with a quota, least recently used ones until the cache
-    holds at most `quota_bytes`. Held or syncing datasets stay. Returns the keys removed."""
+    holds at most `quota_bytes`. Held, leased or syncing datasets stay. Returns the keys removed."""
     root = Path(cache_root)
     if not root.is_dir():
         raise CacheError(f"{root}: no such cache directory")
@@ -169,26 +194,30 @@ def evict(cache_root: str | os.PathLike, *, keys: list[str] | None = None,
         for d in sorted(datasets, key=lambda d: d.last_used):
             if total <= quota_bytes:
                 break
-            if not d.held and _evict_one(root, d.key):
+            if not d.held and d.leased_until is None and _evict_one(root, d.key):
                 removed.append(d.key)
                 total -= d.bytes
     return removed
 
 
 def make_room(cache_root: Path, key: str, needed: int, quota_bytes: int) -> list[str]:
-    """Evict other datasets, least recently used first, until `needed` bytes for `key` fit in the quota."""
+    """Evict other datasets, least recently used first, until `needed` bytes for `key` fit in the quota;
+    held, leased and syncing ones stay, and if they leave too little room, fail saying so."""
     others = [d for d in list_datasets(cache_root) if d.key != key]
     used = sum(d.bytes for d in others)
     removed = []
     for d in sorted(others, key=lambda d: d.last_used):
         if used + needed <= quota_bytes:
             break
-        if not d.held and _evict_one(cache_root, d.key):
+        if not d.held and d.leased_until is None and _evict_one(cache_root, d.key):
             removed.append(d.key)
             used -= d.bytes
     if used + needed > quota_bytes:
+        leased = [f"{d.key} until {format_time(d.leased_until)}" for d in others
+                  if d.leased_until is not None and d.key not in removed]
         raise CacheError(
             f"dataset {key} needs {format_size(needed)} ({needed} bytes) but the cache at {cache_root} has a quota "
-            f"of {format_size(quota_bytes)} and {format_size(used)} of it is in datasets in use or being synced; "
+            f"of {format_size(quota_bytes)} and {format_size(used)} of it is in datasets in use, leased or being "
+            f"synced{' (leased: ' + ', '.join(leased) + ')' if leased else ''}; "
             f"raise the quota to at least {format_size(used + needed)} or free space")
     return removed

@@ -7,6 +7,7 @@ complete with a mix of old and new files; a killed sync resumes from the journal
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -36,13 +37,14 @@ class SyncResult:
     seconds: float
     waited: bool          # another process held the sync lock first
     hold: store.Hold | None = None  # with keep_hold: the dataset kept from eviction until released
+    leased_until: float | None = None  # with lease_seconds: the end of the dataset's lease
 
 
 def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, version: str | None = None,
          storage_options: dict | None = None, workers: int = 8, verify: bool = False, retries: int = 2,
          progress: bool = False, lock_timeout: float | None = None, quota_bytes: int | None = None,
          io_timeout: float | None = None, stall_timeout: float | None = None,
-         keep_hold: bool = False) -> SyncResult:
+         keep_hold: bool = False, lease_seconds: float | None = None) -> SyncResult:
     """Sync `source` into `<cache_root>/<key>/data` and return what it took.
 
     verify: re-hash every cached file and re-fetch those that differ from the manifest (otherwise a
@@ -50,10 +52,15 @@ def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, 
     recently used datasets not in use to make room, or fail saying how much is needed. io_timeout,
     stall_timeout: how long a source that stops answering is waited for (see `timeouts`; None: the
     environment's or the default). keep_hold: return with the dataset held (`result.hold`), taken before
-    the sync lets go of it, so that no eviction can come between the sync and the job that reads it."""
+    the sync lets go of it, so that no eviction can come between the sync and the job that reads it.
+    lease_seconds: once synced, and before the sync lets go of it, lease the dataset for this long (an
+    existing longer lease stays): eviction keeps it as if held until then, for a job whose ranks take
+    their hold later in other processes (a cluster's init container syncs, then exits)."""
     start = time.monotonic()
     if workers < 1 or retries < 0:
         raise CacheError(f"workers must be at least 1 and retries at least 0 (got {workers}, {retries})")
+    if lease_seconds is not None and not (math.isfinite(lease_seconds) and lease_seconds >= 0):
+        raise CacheError(f"lease_seconds must be a finite number of seconds, at least 0 (got {lease_seconds})")
     limits = resolve(io_timeout, stall_timeout)
     if not _utf8(source):
         raise CacheError(f"{source!r}: the source's path is not UTF-8; rename it or link to it from a UTF-8 path")
@@ -67,6 +74,7 @@ def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, 
             with lock as waited:
                 copied, skipped, nbytes = _sync_locked(ds, source, origin, version, storage_options, workers,
                                                        verify, retries, quota_bytes, waited, shown, limits)
+                leased = ds.extend_lease(time.time() + lease_seconds) if lease_seconds else None  # under the lock too
                 held = store.take_hold(ds) if keep_hold else None  # before the lock goes: no gap
         except OSError as e:  # source-side errors are CacheErrors already: this is the cache's disk
             raise CacheError(f"{ds.path}: cannot write the cache ({e})") from None
@@ -77,7 +85,7 @@ def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, 
         shown.stop()
         shown.summary(copied, skipped, nbytes, seconds)
     return SyncResult(key=key, path=ds.data, files_copied=copied, files_skipped=skipped, bytes_copied=nbytes,
-                      seconds=seconds, waited=waited, hold=held)
+                      seconds=seconds, waited=waited, hold=held, leased_until=leased)
 
 
 def _utf8(text: str) -> bool:
