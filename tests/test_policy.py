@@ -39,8 +39,10 @@ def test_warmup_ramps_linearly_to_peak():
 
 def test_local_launch_defaults_to_mpi_and_allows_root(monkeypatch):
     monkeypatch.setattr(local, "horovodrun", lambda: "horovodrun")
+    monkeypatch.setattr(local, "mpirun", lambda: "mpirun")
     cmd = local.command(["prog"], 3)
-    assert cmd == ["horovodrun", "-np", "3", "-H", "localhost:3", "--mpi", "prog"]
+    assert cmd[:5] == ["mpirun", "--tag-output", "-np", "3", "-H"] and cmd[5] == "localhost:3" and cmd[-1] == "prog"
+    assert local.command(["prog"], 3, "gloo") == ["horovodrun", "-np", "3", "-H", "localhost:3", "--gloo", "prog"]
     env = local.environment(2, {})
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["HVDK8S_EVENTS"] == "json"
     with pytest.raises(local.LaunchError):
