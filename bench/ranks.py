@@ -1,5 +1,5 @@
-"""Starting benchmark ranks: plain processes, Horovod ranks (horovodrun, as `launch --local` starts
-them) and torch.distributed ranks (torchrun, gloo), each given the same share of the cores."""
+"""Starting benchmark ranks: plain processes, Horovod ranks (mpirun or horovodrun, as `launch --local`
+starts them) and torch.distributed ranks (torchrun, gloo), each given the same share of the cores."""
 from __future__ import annotations
 
 import contextlib
