@@ -51,10 +51,10 @@ def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
 
 
 def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkpoint(job_file, tmp_path):
-    """6 trainings killed with SIGKILL at random moments (mid-epoch, mid-write): each next one resumes
+    """10 trainings killed with SIGKILL at random moments (mid-epoch, mid-write): each next one resumes
     from the newest checkpoint that is complete, and no temporary file survives the run after.
-    One rank, started directly (no horovodrun: what dies is the process that writes checkpoints; a
-    killed launcher takes its ranks with it, see test_launch.py)."""
+    One rank, started directly (no mpirun: what dies is the process that writes checkpoints; a killed
+    launcher takes its ranks with it, see test_launch.py)."""
     import os
     import random
     import signal
@@ -85,7 +85,7 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     resumed_from = []
-    for trial in range(6):
+    for trial in range(10):
         expected = newest_complete()
         proc = train()
         out = []
@@ -108,4 +108,4 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
     assert final.returncode == 0, text
     assert f"resumed from {checkpoint.path_for(ckpt, expected)} (epoch {expected}," in text
     assert not [p.name for p in ckpt.iterdir() if is_part(p.name)], sorted(os.listdir(ckpt))
-    assert len(set(resumed_from)) > 3, resumed_from  # the kills landed at different moments
+    assert len(set(resumed_from)) > 4, resumed_from  # the kills landed at different moments
