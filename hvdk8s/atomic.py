@@ -68,6 +68,17 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], mode: i
             f.write(data.encode() if isinstance(data, str) else data)
 
 
+def atomic_write_all(files: dict[Union[str, os.PathLike], Union[bytes, str]], mode: int = 0o644) -> None:
+    """Write a set of files so that none is replaced unless all could be written: every file is written
+    whole under its temporary name first (a full disk or a bad path fails there, leaving the old set and
+    no temporary file), then all are renamed into place."""
+    with contextlib.ExitStack() as stack:
+        for path, data in files.items():
+            tmp = stack.enter_context(atomic_path(path, mode))  # renamed when the stack closes normally
+            with open(tmp, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+
+
 def unwritable_reason(directory: Union[str, os.PathLike]) -> Optional[str]:
     """Why files cannot be written into `directory` (creating it if needed), or None if they can: a
     probe written and removed the way `atomic_write` writes, so asked up front rather than learnt late."""

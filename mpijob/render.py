@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from hvdk8s.atomic import atomic_write
+from hvdk8s.atomic import atomic_write_all
 from hvdk8s.errors import UserError
 from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
 from hvdk8s.spec import JobSpec, dump_job
@@ -262,8 +262,8 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 
 def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[str, str] = {}) -> list[Path]:
-    """Write configmap.yaml, mpijob.yaml and kustomization.yaml. Each file appears whole (written
-    under a temporary name, then renamed), and nothing is written unless all of them render."""
+    """Write configmap.yaml, mpijob.yaml and kustomization.yaml. Nothing is written unless all of them
+    render, and none is replaced unless all were written whole (a full disk leaves the old set)."""
     configmap, job = render(spec, files)
     contents = {"configmap.yaml": to_yaml([configmap]), "mpijob.yaml": to_yaml([job]),
                 "kustomization.yaml": to_yaml([kustomization(spec)])}
@@ -273,8 +273,8 @@ def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[
         blocked = [name for name in contents if (out / name).is_dir()]
         if blocked:  # found before writing, so no file of the set is replaced alone
             raise IsADirectoryError(21, "is a directory", str(out / blocked[0]))
-        for name, text in contents.items():
-            atomic_write(out / name, text)  # 0644: GitOps tools and reviewers read these files
+        # 0644: GitOps tools and reviewers read these files.
+        atomic_write_all({out / name: text for name, text in contents.items()})
     except OSError as e:
         where = e.filename or out
         raise UserError(f"-o {directory}: cannot write {where}: {e.strerror or e}") from None

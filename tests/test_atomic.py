@@ -96,3 +96,31 @@ def test_rendered_gitops_files_are_0644_and_whole(tmp_path, strict_umask):
 def test_shard_index_is_written_atomically(tmp_path, strict_umask):
     index = shards.write_shards(tmp_path, {"x": np.zeros((5, 2), np.float32)}, samples_per_shard=2, info={})
     assert mode(index) == 0o644 and not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_a_set_of_files_is_replaced_whole_or_not_at_all(tmp_path):
+    """A write that fails midway (here: a file-size limit, as a full disk would) keeps the old set of
+    rendered files and leaves no temporary file; the CLI names the destination, exit 2."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    old = {name: f"old {name}\n" for name in ("configmap.yaml", "mpijob.yaml", "kustomization.yaml")}
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, text in old.items():
+        (out / name).write_text(text)
+    sizes = {p.name: len(p.read_bytes()) for p in renderer.write_directory(load_job(DIGITS_JOB), tmp_path / "ok")}
+    limit = sizes["configmap.yaml"] + 1  # the ConfigMap fits, the MPIJob does not
+    assert sizes["mpijob.yaml"] > limit
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    run = subprocess.run([sys.executable, "-m", "hvdk8s", "render", str(DIGITS_JOB), "-o", str(out)],
+                         capture_output=True, text=True, preexec_fn=small_files, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert f"-o {out}: cannot write" in run.stderr
+    assert {p.name: p.read_text() for p in out.iterdir()} == old
