@@ -4,7 +4,6 @@ broken and good symlinks, names that are not UTF-8, HTTP URLs with odd character
 source or raise CacheError naming the entry or URL (the CLI: exit 2, no traceback), within a time limit."""
 from __future__ import annotations
 
-import collections
 import functools
 import hashlib
 import http.server
@@ -22,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import cli
+from conftest import cli, tally
 from hvdk8s.data.cache import CacheError, sync, write_manifest
 
 LIMIT = 20.0  # seconds per call: generous on a shared 2-core machine; a hang is what this catches
@@ -30,7 +29,6 @@ MANIFEST = "hvdk8s-manifest.json"
 PART = ".hvdk8s-part"
 SETTINGS = dict(deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-TALLY: collections.Counter[str] = collections.Counter()
 _counter = itertools.count()
 
 
@@ -50,7 +48,8 @@ def within(seconds: float, fn, *args, **kwargs):
     thread.start()
     thread.join(seconds)
     assert not thread.is_alive(), f"{getattr(fn, '__name__', fn)}{args} still running after {seconds} s"
-    TALLY["max seconds x1000"] = max(TALLY["max seconds x1000"], int((time.monotonic() - began) * 1000))
+    slowest = tally("cache: slowest call")
+    slowest["ms"] = max(slowest["ms"], int((time.monotonic() - began) * 1000))
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -160,6 +159,7 @@ def check_local(src: Path, cache: Path, manifest_first: bool) -> None:
     if not truth and not bad:
         return  # an empty source is refused for being empty, elsewhere
     for step in ("manifest", "sync") if manifest_first else ("sync", "manifest"):
+        tally(f"cache: local {step}")["tried"] += 1
         try:
             if step == "manifest":
                 within(LIMIT, write_manifest, src)
@@ -172,7 +172,7 @@ def check_local(src: Path, cache: Path, manifest_first: bool) -> None:
                 assert not (src / MANIFEST).exists()
             else:
                 assert not cache.exists() or not any(cache.iterdir()), "a refused sync left files behind"
-            TALLY[f"{step} refused"] += 1
+            tally(f"cache: local {step}")["refused"] += 1
         else:
             assert not bad, f"{step} accepted {bad}"
             if step == "manifest":
@@ -180,9 +180,9 @@ def check_local(src: Path, cache: Path, manifest_first: bool) -> None:
                 assert {f["path"]: f["sha256"] for f in doc["files"]} == truth
             else:
                 assert tree_digests(result.path) == truth
-            TALLY[f"{step} copied"] += 1
+            tally(f"cache: local {step}")["accepted"] += 1
             if step == "sync" and not manifest_first:
-                TALLY["sync copied without a published manifest"] += 1
+                tally("cache: local sync")["accepted without a published manifest"] += 1
 
 
 @settings(max_examples=80, **SETTINGS)
@@ -193,7 +193,7 @@ def test_generated_local_sources_copy_exactly_or_are_refused_by_name(tmp_path, e
     build(work / "src", entries)
     try:
         check_local(work / "src", work / "cache", manifest_first=n % 4 != 0)
-        TALLY["local inputs"] += 1
+        tally("cache: local sources")["tried"] += 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -253,18 +253,18 @@ def test_generated_http_urls_copy_exactly_or_fail_naming_the_url(www, tmp_path, 
         message = str(e)
         assert names_one_of(message, [url, base]), f"{message!r} does not name {url!r}"
         assert "raw" in spelling, f"a correctly quoted URL failed: {message}"
-        TALLY["http refused"] += 1
+        tally("cache: http urls")["refused"] += 1
     else:
         got = tree_digests(result.path)
         if spelling.startswith("single file"):
             assert list(got.values()) == [files[rel]]
         else:
             assert got == files
-        TALLY["http copied"] += 1
+        tally("cache: http urls")["accepted"] += 1
     finally:
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(served, ignore_errors=True)
-    TALLY["http inputs"] += 1
+    tally("cache: http urls")["tried"] += 1
 
 
 _url_tail = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30) | _odd
@@ -280,12 +280,13 @@ def test_odd_url_strings_fail_naming_the_url_or_copy(www, tmp_path, authority, t
     host = base.split("//", 1)[1]
     url = f"{scheme}://{authority.format(host=host, port=host.rsplit(':', 1)[1])}/{tail}"
     cache = tmp_path / f"cache{next(_counter)}"
+    tally("cache: odd url strings")["tried"] += 1
     try:
         within(LIMIT, sync, url, cache, io_timeout=5, stall_timeout=10)
-        TALLY["odd url copied"] += 1
+        tally("cache: odd url strings")["accepted"] += 1
     except CacheError as e:
         assert names_one_of(str(e), [url]), f"{str(e)!r} does not name {url!r}"
-        TALLY["odd url refused"] += 1
+        tally("cache: odd url strings")["refused"] += 1
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -307,11 +308,9 @@ def test_generated_sources_through_the_cli_exit_0_or_2_without_a_traceback(tmp_p
                 assert proc.returncode == 2 and names_one_of(proc.stderr, bad), proc.stderr
             else:
                 assert proc.returncode == 0, proc.stderr
-            TALLY["cli runs"] += 1
+            counts = tally("cache: through the cli")
+            counts["tried"] += 1
+            counts["accepted" if proc.returncode == 0 else "refused"] += 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-
-def test_zz_report_the_tally():
-    """Printed with -s: how many generated inputs ran (none escaped, or a test above failed)."""
-    print(f"\ncache fuzz tally: {dict(TALLY)}")
