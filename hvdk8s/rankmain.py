@@ -5,6 +5,9 @@ chunk. Unbuffered Python (`-u`, PYTHONUNBUFFERED) writes `print`'s text and its 
 two ranks' lines interleave mid-line; block buffering instead holds output back until exit. A
 line-buffered stdout is both live and whole.
 
+The rank also dies with the process that started it from its first line on (`die_with_parent`), not
+only once the script calls `hvdk8s.torch.init()` or `hvdk8s.tensorflow.init()`, which may be never.
+
     python -m hvdk8s.rankmain --script PATH [ARGS...]
     python -m hvdk8s.rankmain --module NAME [ARGS...]
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+
+from hvdk8s._adapter import die_with_parent  # framework-free: no torch or tensorflow import here
 
 
 def line_buffered_stdout() -> None:
@@ -24,6 +29,7 @@ def line_buffered_stdout() -> None:
 
 
 def main(argv: list[str]) -> None:
+    die_with_parent()  # before the user's code: a script that never calls init() must not outlive its launcher
     if len(argv) < 2 or argv[0] not in ("--script", "--module"):
         sys.exit("usage: python -m hvdk8s.rankmain --script PATH | --module NAME [ARGS...]")
     kind, target, args = argv[0], argv[1], argv[2:]

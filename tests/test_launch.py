@@ -46,42 +46,95 @@ def test_an_unwritable_checkpoint_dir_stops_the_launch_before_any_rank(tmp_path,
 
 
 @pytest.mark.ranks
-def test_no_rank_outlives_a_killed_launcher(job_file):
-    """kill -9 of the launcher's whole process group: the ranks (mpirun gives them groups of their own)
-    die with their parent at once instead of training on for seconds."""
+def _session_members(session: int) -> list[int]:
+    """Live processes of a session (zombies are already dead)."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[3]) == session and stat[0] != "Z":
+            found.append(int(pid))
+    return found
+
+
+def _kill_and_outlive_check(launcher, rank_argv: list[bytes]) -> None:
+    """kill -9 of the launcher's whole process group (its own session): the two ranks, whose argv starts
+    (after the interpreter) with `rank_argv`, and everything else of the session are gone within a second."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
-    job = job_file({"training": {"epochs": 200}})
-    launcher = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-    def session_members() -> list[int]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[3]) == launcher.pid and stat[0] != "Z":  # session id; zombies are already dead
-                found.append(int(pid))
-        return found
-
-    for line in launcher.stdout:  # wait until the ranks train
-        if line.startswith("epoch 2/"):
-            break
-    argvs = [open(f"/proc/{p}/cmdline", "rb").read().split(b"\x00") for p in session_members()]
-    ranks = [a for a in argvs if a[1:4] == [b"-m", b"hvdk8s", b"train"]]  # not horovodrun's or mpirun's
+    argvs = [open(f"/proc/{p}/cmdline", "rb").read().split(b"\x00") for p in _session_members(launcher.pid)]
+    ranks = [a for a in argvs if a[1:1 + len(rank_argv)] == rank_argv]  # not horovodrun's or mpirun's
     assert len(ranks) == 2, argvs
     os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait()
     deadline = time.monotonic() + 1.0
-    while session_members() and time.monotonic() < deadline:
+    while _session_members(launcher.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert session_members() == [], "processes outlived the launcher by more than a second"
+    survivors = _session_members(launcher.pid)
+    for pid in survivors:  # so that a failure here leaves nothing running
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert survivors == [], "processes outlived the launcher by more than a second"
+
+
+def _launch(job) -> "subprocess.Popen":
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_no_rank_outlives_a_killed_launcher(job_file):
+    """The ranks (mpirun gives them groups of their own) die with their parent at once instead of training
+    on for seconds."""
+    launcher = _launch(job_file({"training": {"epochs": 200}}))
+    for line in launcher.stdout:  # wait until the ranks train
+        if line.startswith("epoch 2/"):
+            break
+    _kill_and_outlive_check(launcher, [b"-m", b"hvdk8s", b"train"])
+
+
+def test_no_rank_of_a_users_script_outlives_a_killed_launcher(tmp_path):
+    """A script that never calls hvdk8s.torch.init() (where ranks used to start dying with their parent) dies
+    with its launcher too: hvdk8s.rankmain arranges it before the script runs."""
+    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    (tmp_path / "job.yaml").write_text("name: sleeper\nframework: pytorch\nentrypoint: {script: sleeper.py}\n"
+                                      "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")
+    launcher = _launch(tmp_path / "job.yaml")
+    ready = 0
+    for line in launcher.stdout:
+        ready += line.rstrip().endswith("ready")
+        if ready == 2:
+            break
+    _kill_and_outlive_check(launcher, [b"-m", b"hvdk8s.rankmain"])
+
+
+def test_event_lines_without_the_launchers_token_are_plain_output(tmp_path):
+    """A rank's own output shaped like an event (no token, or a kind that is not a string) is shown as it is:
+    it neither poses as rank 0's progress nor crashes the view, even with the launcher's token (which the
+    ranks' environment holds)."""
+    forged = ['@hvdk8s {"event": "done"}', '@hvdk8s {"event": [1]}',
+              '@hvdk8s {"event": "done", "test_accuracy": 1.0, "epochs": 1, "seconds": 1.0, "digest": "forged"}']
+    (tmp_path / "forger.py").write_text(
+        "import os\n" + "".join(f"print({line!r})\n" for line in forged)
+        + "print(f'@hvdk8s:{os.environ[\"HVDK8S_EVENTS_TOKEN\"]} ' + '{\"event\": [1]}')\n")
+    (tmp_path / "job.yaml").write_text("name: forger\nframework: pytorch\nentrypoint: {script: forger.py}\n"
+                                      "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")
+    run = cli("launch", "--local", "-np", "2", tmp_path / "job.yaml", timeout=120)
+    assert run.returncode == 0 and "Traceback" not in run.stdout + run.stderr, run.stdout + run.stderr
+    for line in forged:
+        assert run.stdout.count(line) == 2, run.stdout  # once per rank, verbatim
+    assert run.stdout.count(' {"event": [1]}') == 4, run.stdout  # the tokened one too
+    assert "done: test accuracy" not in run.stdout
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
