@@ -458,9 +458,10 @@ class SchedulingPolicySpec(_Strict):
     schedule_timeout_seconds: Optional[int] = Field(default=None, ge=1, le=INT32_MAX,
                                                     description="how long to wait for the gang (scheduler-plugins)")
 
-    @field_validator("priority_class")
+    @field_validator("priority_class", "queue")
     @classmethod
-    def _priority_class(cls, v: Optional[str]) -> Optional[str]:
+    def _object_name(cls, v: Optional[str]) -> Optional[str]:
+        # A PriorityClass's name and a Volcano Queue's (metadata.name of a cluster-scoped object).
         return v if v is None else _k8s_valid(k8snames.dns1123_subdomain, v)
 
 

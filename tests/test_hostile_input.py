@@ -66,6 +66,7 @@ def test_unbounded_files_are_read_only_up_to_the_limit():
     # Kubernetes names and keys the API server refuses, and integers past what it (or the operator) counts
     ("kubernetes.namespace=UPPER", "kubernetes.namespace"), ("kubernetes.namespace=a.b", "kubernetes.namespace"),
     ("kubernetes.namespace=" + "a" * 64, "kubernetes.namespace"), ("kubernetes.queue='bad queue'", "kubernetes.queue"),
+    ("kubernetes.scheduling_policy.queue='bad queue'", "kubernetes.scheduling_policy.queue"),
     ("kubernetes.service_account=Bad_SA", "kubernetes.service_account"),
     ("kubernetes.image_pull_secrets=['Bad!']", "kubernetes.image_pull_secrets"),
     ("kubernetes.node_selector={'a b': c}", "kubernetes.node_selector"),
