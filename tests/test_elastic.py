@@ -44,7 +44,9 @@ def _job(job_file, framework: str, epochs: int):
 @pytest.mark.parametrize("framework, epochs", [("pytorch", 40), ("tensorflow", 20)])
 def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, epochs):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it
-    runs on 1 rank. The launch must report both changes, train every epoch and reach 95% on digits."""
+    runs on 1 rank. The launch must report both changes, train every epoch and reach 95% on digits. (Elastic
+    runs on Horovod's Gloo controller: this is also the test that Gloo trains; test_launch.py's gloo-die
+    case starts a non-elastic --gloo launch.)"""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
     script = tmp_path / "discover.sh"

@@ -22,12 +22,6 @@ def test_digits_with_fp16_compression_reaches_95_percent_on_two_ranks(job_file):
     assert accuracy(proc.stdout) >= 0.95
 
 
-def test_gloo_controller_trains_too(job_file):
-    proc = cli("launch", "--local", "-np", "2", "--gloo", job_file({"training": {"epochs": 8}}))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert accuracy(proc.stdout) >= 0.90
-
-
 def test_failing_ranks_make_launch_fail(job_file, tmp_path):
     # A shard dataset path that does not exist: the ranks fail, and so must the launch.
     job = job_file({"dataset": {"path": str(tmp_path / "missing"), "name": None}})
@@ -45,7 +39,6 @@ def test_an_unwritable_checkpoint_dir_stops_the_launch_before_any_rank(tmp_path,
     assert "epoch 1" not in run.stdout
 
 
-@pytest.mark.ranks
 def _session_members(session: int) -> list[int]:
     """Live processes of a session (zombies are already dead)."""
     import os

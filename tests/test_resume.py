@@ -51,10 +51,10 @@ def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
 
 
 def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkpoint(job_file, tmp_path):
-    """10 trainings killed with SIGKILL at random moments (mid-epoch, mid-write): each next one resumes
-    from the newest checkpoint that is complete, and no temporary file survives the run after.
-    One rank, started directly (no mpirun: what dies is the process that writes checkpoints; a killed
-    launcher takes its ranks with it, see test_launch.py)."""
+    """10 launches killed with SIGKILL (the launcher's whole process group, as a terminal's or a CI
+    runner's kill does) at random moments, mid-epoch or mid-write: no rank outlives its launcher, each
+    next launch resumes from the newest checkpoint that is complete, and no temporary file survives the
+    run after. One rank (`launch --local -np 1`), so that the trials are many."""
     import os
     import random
     import signal
@@ -63,12 +63,10 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
     import time
 
     from hvdk8s.atomic import is_part
-    from hvdk8s.launch.local import environment
 
     ckpt = tmp_path / "ckpt"
     job = job_file({"model": {"name": "mlp", "args": {"hidden": [512, 512]}},  # 2 MB checkpoints
                     "training": {"epochs": 200, "checkpoint": {"dir": str(ckpt), "keep": 2}}})
-    env = {**environment(1), "HVDK8S_EVENTS": "text"}
     rng = random.Random(12345)
 
     def newest_complete() -> int:
@@ -81,8 +79,19 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
         return 0
 
     def train() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "hvdk8s", "train", str(job)], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "1", str(job)],
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def session_members(session: int) -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[3]) == session and stat[0] != "Z":
+                found.append(int(pid))
+        return found
 
     resumed_from = []
     for trial in range(10):
@@ -94,9 +103,16 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
             if line.startswith("epoch "):
                 break
         time.sleep(rng.uniform(0.0, 1.0))
-        os.kill(proc.pid, signal.SIGKILL)
-        out.append(proc.stdout.read())
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        deadline = time.monotonic() + 1.0  # the rank dies with its launcher, not seconds later
+        while session_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        survivors = session_members(proc.pid)  # mpirun gives ranks groups of their own, in its session
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+        assert not survivors, f"trial {trial}: processes outlived their launcher by over 1 s"
+        out.append(proc.stdout.read())
         text = "".join(out)
         if expected:
             assert f"resumed from {checkpoint.path_for(ckpt, expected)} (epoch {expected}," in text, (trial, text)
