@@ -64,6 +64,20 @@ def run_ranks(script: str, *args: str, np: int = 2, controller: str = "mpi", tim
     return proc
 
 
+def session_members(session: int) -> list[int]:
+    """Live processes of a session, e.g. a launcher started with start_new_session=True and everything it
+    started (mpirun gives ranks process groups of their own, in its session); zombies are already dead."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[3]) == session and stat[0] != "Z":
+            found.append(int(pid))
+    return found
+
+
 def rank_results(out_dir: Path, np: int = 2) -> list[dict]:
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np)]
 

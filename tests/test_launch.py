@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import cli
+from conftest import cli, session_members
 
 pytestmark = pytest.mark.ranks
 
@@ -39,21 +39,6 @@ def test_an_unwritable_checkpoint_dir_stops_the_launch_before_any_rank(tmp_path,
     assert "epoch 1" not in run.stdout
 
 
-def _session_members(session: int) -> list[int]:
-    """Live processes of a session (zombies are already dead)."""
-    import os
-
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[3]) == session and stat[0] != "Z":
-            found.append(int(pid))
-    return found
-
-
 def _kill_and_outlive_check(launcher, rank_argv: list[bytes]) -> None:
     """kill -9 of the launcher's whole process group (its own session): the two ranks, whose argv starts
     (after the interpreter) with `rank_argv`, and everything else of the session are gone within a second."""
@@ -61,15 +46,15 @@ def _kill_and_outlive_check(launcher, rank_argv: list[bytes]) -> None:
     import signal
     import time
 
-    argvs = [open(f"/proc/{p}/cmdline", "rb").read().split(b"\x00") for p in _session_members(launcher.pid)]
+    argvs = [open(f"/proc/{p}/cmdline", "rb").read().split(b"\x00") for p in session_members(launcher.pid)]
     ranks = [a for a in argvs if a[1:1 + len(rank_argv)] == rank_argv]  # not horovodrun's or mpirun's
     assert len(ranks) == 2, argvs
     os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait()
     deadline = time.monotonic() + 1.0
-    while _session_members(launcher.pid) and time.monotonic() < deadline:
+    while session_members(launcher.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    survivors = _session_members(launcher.pid)
+    survivors = session_members(launcher.pid)
     for pid in survivors:  # so that a failure here leaves nothing running
         try:
             os.kill(pid, signal.SIGKILL)

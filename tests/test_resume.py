@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from conftest import cli
+from conftest import cli, session_members
 from hvdk8s import checkpoint
 from hvdk8s.trainer.job import parameter_digest
 
@@ -81,17 +81,6 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
     def train() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "1", str(job)],
                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def session_members(session: int) -> list[int]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[3]) == session and stat[0] != "Z":
-                found.append(int(pid))
-        return found
 
     resumed_from = []
     for trial in range(10):
