@@ -59,10 +59,7 @@ def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int
     def plan():
         e = epoch["next"]
         epoch["next"] += 1
-        if order is not None:
-            this = order
-        else:
-            this = dataset.epoch_order(seed, e) if shuffle else np.arange(len(dataset))
+        this = order if order is not None else dataset.epoch_order(seed, e) if shuffle else np.arange(len(dataset))
         p = plan_epoch(this, rank, size, batch_size)
         n = len(p.indices)
         index = np.zeros(p.steps * batch_size, np.int64)

@@ -63,9 +63,7 @@ def atomic_path(final: Union[str, os.PathLike], mode: int = 0o644) -> Iterator[P
 
 def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], mode: int = 0o644) -> None:
     """Write `data` (str as UTF-8) so that `path` holds either its old content or all of the new."""
-    with atomic_path(path, mode) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+    atomic_write_all({path: data}, mode)
 
 
 def atomic_write_all(files: dict[Union[str, os.PathLike], Union[bytes, str]], mode: int = 0o644) -> None:

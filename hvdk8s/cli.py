@@ -201,11 +201,7 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
         if problem:
             raise UserError(f"--discovery-script: {problem}")
         discovery_script = discovery_script.resolve()
-    if spec.training.elastic is not None:
-        e = spec.training.elastic
-        if not e.min_workers <= np <= e.max_workers:
-            raise UserError(f"-np {np}: training.elastic runs {e.min_workers} to {e.max_workers} workers "
-                            "(a local worker is one rank)")
+    local_launch.check_np(spec, np)  # before a dataset sync, not after it
     from hvdk8s.preflight import check_checkpoint_dir
 
     check_checkpoint_dir(spec, job)

@@ -14,25 +14,17 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import threading
 from typing import Optional, Sequence
 
-from hvdk8s.launch.workers import hosts_from_hostfile, probe
+from hvdk8s.launch.workers import hosts_from_hostfile, wait_for
 
 OPERATOR_SCRIPT = "/etc/mpi/discover_hosts.sh"
 
 
 def reachable(hosts: Sequence[str], port: int, timeout: float) -> list[str]:
-    """HOSTS (in their order, once each) whose name resolves and whose sshd answers on PORT."""
-    hosts = list(dict.fromkeys(hosts))
-    answers: dict[str, Optional[str]] = {}
-    threads = [threading.Thread(target=lambda h=h: answers.__setitem__(h, probe(h, port, timeout)), daemon=True)
-               for h in hosts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout + 1.0)  # probe() bounds itself
-    return [h for h in hosts if h in answers and answers[h] is None]
+    """HOSTS (in their order, once each) whose name resolves and whose sshd answers on PORT within TIMEOUT."""
+    missing = wait_for(hosts, port, timeout, probe_timeout=timeout)
+    return [h for h in dict.fromkeys(hosts) if h not in missing]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -88,14 +88,19 @@ def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLE
                 "lo", "-x", "NCCL_SOCKET_IFNAME=lo", *program]
     if elastic is None:
         return [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *program]
-    if not elastic.min_np <= np <= elastic.max_np:
-        raise LaunchError(f"-np {np} is outside training.elastic's {elastic.min_np}..{elastic.max_np} workers "
-                          "(a local worker is one rank)")
     # Elastic Horovod runs on Gloo only. On one machine Gloo must be told the loopback interface: without
     # it, it hung in interface discovery (measured here, 60 s until killed).
     return [horovodrun(), "-np", str(np), "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
             "--host-discovery-script", str(elastic.discovery_script), "--gloo", "--network-interfaces", "lo",
             *program]
+
+
+def check_np(spec, np: int) -> None:
+    """An elastic job's -np must lie within its bounds (a local worker is one rank)."""
+    e = spec.training.elastic
+    if e is not None and not e.min_workers <= np <= e.max_workers:
+        raise LaunchError(f"-np {np}: training.elastic runs {e.min_workers} to {e.max_workers} workers "
+                          "(a local worker is one rank)")
 
 
 def local_discovery_script(directory: Path, np: int) -> Path:
@@ -203,6 +208,7 @@ class LocalLauncher:
         self._tmp = tempfile.TemporaryDirectory(prefix="hvdk8s-job-")
         job_file = Path(self._tmp.name) / "job.yaml"
         job_file.write_text(dump_job(spec), encoding="utf-8")
+        check_np(spec, self.np)
         elastic = None
         if spec.training.elastic is not None:
             script = self.discovery_script or local_discovery_script(Path(self._tmp.name), self.np)
