@@ -653,6 +653,47 @@ class EntrypointSpec(_Strict):
         return self.script is not None and (self.code or "configmap") == "configmap"
 
 
+class MetricsSpec(_Strict):
+    """Prometheus metrics from every rank (see hvdk8s/metrics.py for what is exported)."""
+
+    enabled: Optional[bool] = Field(default=None, description="serve them (default: on in cluster runs, off in "
+                                                               "local ones)")
+    port: int = Field(default=9400, ge=1024, le=65535, description="each node's first rank serves every rank of "
+                                                                   "the node here; rank i of a node also uses "
+                                                                   "port+i on loopback")
+    pod_monitor: bool = Field(default=False, description="`hvdk8s render` also writes a PodMonitor for the "
+                                                         "Prometheus Operator")
+    scrape_interval_seconds: int = Field(default=15, ge=1, le=3600, description="the PodMonitor's interval")
+
+
+TIMELINE_FILE = "horovod-timeline.json"
+AUTOTUNE_FILE = "horovod-autotune.csv"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class ObservabilitySpec(_Strict):
+    """Metrics, Horovod's timeline and autotuning, TensorBoard scalars."""
+
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    dir: Optional[str] = Field(default=None, description="the run directory: timeline, autotune log and "
+                                                         "TensorBoard events (default: training.checkpoint.dir)")
+    timeline: bool = Field(default=False, description=f"Horovod's timeline (Chrome trace) as DIR/{TIMELINE_FILE}")
+    autotune: bool = Field(default=False, description=f"Horovod's autotuning, its log as DIR/{AUTOTUNE_FILE}")
+    tensorboard: bool = Field(default=False, description=f"rank 0's scalars under DIR/{TENSORBOARD_DIR}")
+
+    @field_validator("dir")
+    @classmethod
+    def _a_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and ("\0" in v or not v.strip()):
+            raise ValueError("must be a directory path")
+        return v
+
+    @property
+    def wanted(self) -> list[str]:
+        """The switches that write into the run directory."""
+        return [f for f in ("timeline", "autotune", "tensorboard") if getattr(self, f)]
+
+
 class JobSpec(_Strict):
     name: str = Field(description="job name: lower-case letters, digits and '-', starting with a letter")
     framework: Framework
@@ -663,6 +704,7 @@ class JobSpec(_Strict):
     training: TrainingSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
     image: str = "ghcr.io/hvdk8s/hvdk8s-gpu:0.1.0"
 
     @field_validator("name")
@@ -679,6 +721,15 @@ class JobSpec(_Strict):
             missing = " and ".join(f"`{f}`" for f in ("model", "dataset") if getattr(self, f) is None)
             raise ValueError(f"{missing} required: hvdk8s's trainer needs them (or give an `entrypoint`)")
         return self
+
+    @property
+    def run_dir(self) -> Optional[str]:
+        """Where the timeline, the autotune log and TensorBoard's events go."""
+        return self.observability.dir or self.training.checkpoint.dir
+
+    def run_file(self, name: str) -> Optional[str]:
+        d = self.run_dir
+        return None if d is None else posixpath.join(d, name) if d.startswith("/") else str(Path(d) / name)
 
     @property
     def cached_dataset(self) -> Optional[DatasetSpec]:
@@ -738,9 +789,22 @@ def _problems(err: ValidationError, model: type[BaseModel], prefix: tuple = ()) 
     return out
 
 
+def with_backend_defaults(spec: JobSpec, cluster: bool) -> JobSpec:
+    """The job as a back end hands it to its ranks: what the job file leaves to the back end decided
+    (metrics: on in cluster runs, off in local ones)."""
+    m = spec.observability.metrics
+    if m.enabled is not None:
+        return spec
+    metrics = m.model_copy(update={"enabled": cluster})
+    return spec.model_copy(update={"observability": spec.observability.model_copy(update={"metrics": metrics})})
+
+
 def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
     """Rules that span fields: each model's and dataset's own arguments, and their pairing."""
     problems = []
+    if spec.run_dir is None:
+        problems += [(f"observability.{f}", "needs a run directory: set observability.dir (or "
+                                            "training.checkpoint.dir)") for f in spec.observability.wanted]
     entry = registry.get(spec.model.name) if spec.model is not None and spec.model.name else None
     if entry is not None:
         try:

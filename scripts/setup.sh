@@ -30,6 +30,7 @@ command -v make >/dev/null 2>&1 || apt_needed+=(make)
 command -v "$PY" >/dev/null 2>&1 || apt_needed+=(python3)
 "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_needed+=(python3-venv)
 command -v kubectl >/dev/null 2>&1 || apt_needed+=(kubernetes-client)  # tests: `kubectl kustomize`
+command -v prometheus >/dev/null 2>&1 || apt_needed+=(prometheus)  # tests: a real Prometheus scrapes the ranks
 has_python_headers || apt_needed+=(python3-dev)
 if [ ${#apt_needed[@]} -gt 0 ]; then
   command -v apt-get >/dev/null 2>&1 || die "missing ${apt_needed[*]} and no apt-get: install them by hand"
@@ -99,7 +100,7 @@ fi
 # Everything hvdk8s needs, pinned by what the last online install resolved, is kept as wheels so
 # that set-ups in other clones on this machine install offline (pip's own cache is often disabled).
 wheelhouse=$CACHE/wheelhouse-$(cat "$CONSTRAINTS" "$ROOT/setup.py" | sha256sum | cut -c1-12)
-extras="$ROOT[torch,tensorflow,train,remote,validate,cluster,bench,test]"
+extras="$ROOT[torch,tensorflow,train,remote,validate,cluster,observe,bench,test]"
 if [ -f "$wheelhouse/requirements.txt" ]; then
   say "installing from the local wheelhouse $wheelhouse"
   pip_install --no-index --find-links "$wheelhouse" -r "$wheelhouse/requirements.txt" "$wheel"
