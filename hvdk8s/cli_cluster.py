@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 import click
 from rich.console import Console
 
+from hvdk8s import logformat
 from hvdk8s.errors import UserError
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -44,6 +45,13 @@ def target_options(f):
 def output_option(f):
     return click.option("-o", "--output", type=click.Choice(["json", "yaml"]),
                         help="Print machine-readable output instead of text.")(f)
+
+
+def log_format_option(f):
+    return click.option("--log-format", type=click.Choice(logformat.FORMATS), default=logformat.DEFAULT_FORMAT,
+                        show_default=True,
+                        help="json: stdout carries one JSON object per line (each event, each other line of "
+                             "output, the job's end), for log stacks.")(f)
 
 
 def _escape(text: str) -> str:
@@ -97,13 +105,15 @@ def resolve_namespace(spec, flag: Optional[str], context: Optional[str], kubecon
 
 
 def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Optional[str], dry_run: bool,
-                      wait: bool, timeout: Optional[float], output: Optional[str]) -> int:
+                      wait: bool, timeout: Optional[float], output: Optional[str],
+                      log_format: str = logformat.DEFAULT_FORMAT) -> int:
     """Submit the job (or print what would be sent); with `wait`, follow it to its end. Returns the exit code."""
     from hvdk8s.launch import kubernetes as kube
 
     if timeout is not None and not wait:
         raise UserError("--timeout: only with --wait (it bounds the wait, not the job: see "
                         "kubernetes.active_deadline_seconds)")
+    log = _json_log(spec.name, log_format, wait, output, dry_run)
     job_dir = Path(job).parent
     if dry_run:
         objects = kube.manifests(spec, job_dir, job)
@@ -112,14 +122,17 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
         else:
             from hvdk8s.mpijob.render import to_yaml
 
-            click.echo("# hvdk8s launch --dry-run: sent in this order; the ConfigMap is then owned by the MPIJob "
-                       "(an ownerReference with the uid the server gives it)\n" + to_yaml(objects), nl=False)
+            click.echo("# hvdk8s launch --dry-run: sent in this order; the ConfigMap (and a PodMonitor) is then owned "
+                       "by the MPIJob (an ownerReference with the uid the server gives it)\n" + to_yaml(objects), nl=False)
         return 0
     launcher = kube.KubernetesLauncher.connect(context, spec.kubernetes.namespace, kubeconfig)
     name = launcher.submit(spec, job_dir, job, on_note=lambda note: err.print("[yellow]note:[/] " + _escape(note)))
     ns, made = launcher.namespace, [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in launcher.created]
     where = f"namespace {ns}" + (f", context {launcher.conn.context}" if launcher.conn.context else "")
-    if output is None:
+    if log:
+        log.write(logformat.record(name, "submitted", fields={"namespace": ns, "context": launcher.conn.context,
+                                                              "created": made}))
+    elif output is None:
         click.echo(f"created {' and '.join(made)} in {where}")
     if not wait:
         if output:
@@ -128,11 +141,34 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
             click.echo(f"  follow it: hvdk8s logs -f {name} -n {ns}\n  its state: hvdk8s status {name} -n {ns}"
                        f"\n  wait:      hvdk8s wait {name} -n {ns}\n  remove it: hvdk8s delete {name} -n {ns}")
         return 0
-    final = launcher.wait(name, timeout, on_change=None if output else _say_phase)
+    final = launcher.wait(name, timeout, on_change=_log_phase(log) if log else None if output else _say_phase)
     if output:
         _emit({"name": name, "namespace": ns, "context": launcher.conn.context, "created": made,
                "status": final.to_dict()}, output)
-    return 0 if final.succeeded else 1
+    code = 0 if final.succeeded else 1
+    if log:
+        log.exit(code, final.phase, final.message)
+    return code
+
+
+def _json_log(name: str, log_format: str, wait: bool, output: Optional[str], dry_run: bool):
+    """The JSON log of a cluster launch (None for text): it follows the job, so only with --wait."""
+    if log_format != "json":
+        return None
+    if output or dry_run:
+        raise UserError("--log-format json, --output/--dry-run: one at a time (the log's lines are JSON already)")
+    if not wait:
+        raise UserError("--log-format json: only with --wait on a cluster (it logs the job to its end); "
+                        "`hvdk8s logs -f NAME --log-format json` logs a running one")
+    return logformat.JsonLog(name)
+
+
+def _log_phase(log):
+    """Each change of phase as a record."""
+    def on_change(status) -> None:
+        log.write(logformat.record(status.name, "phase", fields={
+            "phase": status.phase, "replicas": {role: dict(counts) for role, counts in status.replicas.items()}}))
+    return on_change
 
 
 # --- status, logs, wait, list, delete ---------------------------------------------------------------
@@ -177,24 +213,34 @@ def _since(moment):
 @click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="Wait for the launcher, follow its log until the job ends.")
 @click.option("--raw", is_flag=True, help="Print the log as it is (no progress view).")
+@log_format_option
 @target_options
-def logs(name: str, follow: bool, raw: bool, context: Optional[str], namespace: Optional[str],
+def logs(name: str, follow: bool, raw: bool, log_format: str, context: Optional[str], namespace: Optional[str],
          kubeconfig: Optional[str]) -> None:
     """Print a cluster job's log (its launcher's, which carries every rank's output), drawn like a local
     launch: rank 0's progress, epochs and result. With -f, exit as the job ended (0 succeeded, 1 failed)."""
     from hvdk8s.launch import logview
 
+    if raw and log_format == "json":
+        raise UserError("--raw, --log-format json: one at a time (the log as it is, or as JSON lines)")
+    log = logformat.JsonLog(name) if log_format == "json" else None
     launcher = _launcher(context, namespace, kubeconfig)
     lines = launcher.logs(name, follow=follow)
     if raw:
         for line in lines:
             click.echo(line)
+    elif log:
+        logview.draw(lines, log)
     else:
         logview.show(lines, Console(soft_wrap=True))
     if follow:
         final = launcher.status(name)
-        _say_phase(final)
-        sys.exit(0 if final.succeeded else 1)
+        code = 0 if final.succeeded else 1
+        if log:
+            log.exit(code, final.phase, final.message)  # the job's end, as the last record
+        else:
+            _say_phase(final)
+        sys.exit(code)
 
 
 @click.command()

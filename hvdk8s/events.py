@@ -14,10 +14,17 @@ import json
 import os
 import secrets
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Iterable, Optional, TextIO
 
 PREFIX = "@hvdk8s "
 TOKEN_ENV = "HVDK8S_EVENTS_TOKEN"
+# A "file" event points at what the run wrote besides checkpoints (hvdk8s.runfiles): how to open each.
+FILE_HOW = {
+    "timeline": "open in chrome://tracing or https://ui.perfetto.dev",
+    "autotune": "Horovod's autotuning log, CSV: each setting tried, its score, the best",
+    "tensorboard": "view with tensorboard --logdir",
+}
+Sink = Callable[[dict[str, Any]], None]  # receives each event rank 0 emits (e.g. hvdk8s.tensorboard.Scalars)
 
 
 def new_token() -> str:
@@ -62,17 +69,22 @@ def _format(event: dict[str, Any]) -> str:
     if kind == "done":
         return (f"done: test accuracy {event['test_accuracy']:.2%} after {event['epochs']} epochs "
                 f"in {event['seconds']:.1f}s (parameters {event['digest']})")
+    if kind == "file":
+        return f"{event['what']}: {event['path']} ({FILE_HOW[event['what']]})"
     return json.dumps(event)
 
 
 class Reporter:
-    """Emits events on rank 0; a no-op on the other ranks."""
+    """Emits events on rank 0; a no-op on the other ranks. `sinks` get every event emitted too; those
+    with a `close()` are closed by `close()`."""
 
-    def __init__(self, enabled: bool, mode: Optional[str] = None, stream: TextIO = sys.stdout):
+    def __init__(self, enabled: bool, mode: Optional[str] = None, stream: TextIO = sys.stdout,
+                 sinks: Iterable[Sink] = ()):
         self.enabled = enabled
         self.mode = mode or os.environ.get("HVDK8S_EVENTS", "text")
         self.prefix = prefix(os.environ.get(TOKEN_ENV))
         self.stream = stream
+        self.sinks = list(sinks)
 
     def emit(self, kind: str, **fields: Any) -> None:
         if not self.enabled:
@@ -83,6 +95,14 @@ class Reporter:
         # arrive as its own tagged fragment.
         self.stream.write(line + "\n")
         self.stream.flush()
+        for sink in self.sinks:
+            sink(event)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                close()
 
 
 def parse(line: str, token: Optional[str] = None) -> Optional[dict[str, Any]]:
@@ -94,6 +114,6 @@ def parse(line: str, token: Optional[str] = None) -> Optional[dict[str, Any]]:
         return None
     try:  # the first JSON value only: a launcher's tag may follow it on the same line
         event, _ = json.JSONDecoder().raw_decode(line, at + len(mark))
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, an integer past Python's digit limit, nesting too deep
         return None
     return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None  # a kind to look up

@@ -82,6 +82,8 @@ class Metrics:
                 metric = kinds[kind](name, help_text, LABELS, registry=self.registry)
             m[name] = metric.labels(**labels)
         self._m = m
+        for name in ("hvdk8s_samples_per_second", "hvdk8s_loss", "hvdk8s_accuracy"):
+            m[name].set(float("nan"))  # not known yet (0 would read as a value)
         m["hvdk8s_seconds_since_checkpoint"].set_function(lambda: time.time() - self._since_checkpoint)
 
     # --- what a training loop records ------------------------------------------------------------

@@ -21,11 +21,13 @@ from hvdk8s._adapter import die_with_parent  # framework-free: no torch or tenso
 
 
 def line_buffered_stdout() -> None:
-    """One write per line on stdout from here on, PYTHONUNBUFFERED or not (which the launchers set so that
-    processes a rank starts stay live)."""
-    reconfigure = getattr(sys.stdout, "reconfigure", None)  # absent where stdout was replaced
-    if reconfigure is not None:
-        reconfigure(line_buffering=True, write_through=False)  # also under PYTHONUNBUFFERED
+    """One write per line on stdout and stderr from here on, PYTHONUNBUFFERED or not (which the launchers
+    set so that processes a rank starts stay live). stderr too: an unbuffered print(..., file=sys.stderr)
+    writes its text and its newline apart, and another rank's line landed between them."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # absent where a stream was replaced
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)  # also under PYTHONUNBUFFERED
 
 
 def main(argv: list[str]) -> None:
@@ -34,6 +36,9 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m hvdk8s.rankmain --script PATH | --module NAME [ARGS...]")
     kind, target, args = argv[0], argv[1], argv[2:]
     line_buffered_stdout()
+    from hvdk8s.runfiles import make_dirs  # after die_with_parent: it imports the job schema
+
+    make_dirs()  # the run directory, before the script's hvd.init() opens Horovod's timeline and autotune log
     if kind == "--module":
         sys.argv = [target, *args]
         runpy.run_module(target, run_name="__main__", alter_sys=True)

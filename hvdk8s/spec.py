@@ -805,6 +805,11 @@ def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.run_dir is None:
         problems += [(f"observability.{f}", "needs a run directory: set observability.dir (or "
                                             "training.checkpoint.dir)") for f in spec.observability.wanted]
+    m = spec.observability.metrics
+    if m.pod_monitor and m.enabled is False:
+        problems.append(("observability.metrics.pod_monitor", "a PodMonitor scrapes the ranks' metrics, which "
+                                                              "observability.metrics.enabled: false turns off; "
+                                                              "drop one of the two"))
     entry = registry.get(spec.model.name) if spec.model is not None and spec.model.name else None
     if entry is not None:
         try:

@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvdk8s import _adapter, compression as _compression, precision as _precision
+from hvdk8s import _adapter, compression as _compression, metrics as _metrics, precision as _precision
 from hvdk8s._adapter import CONTRACT
 from hvdk8s.schedule import warmup_lr
 
@@ -292,12 +292,15 @@ def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: k
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict, got {type(extra).__name__} (keep is a keyword argument)")
     if hvd.rank() != 0:
+        _metrics.current().checkpointed()  # rank 0 writes it now
         return None
     if not optimizer.built:  # save the slots' layout a resume expects
         optimizer.build(model.trainable_variables)
     payload = {"epoch": epoch, "extra": extra or {}, "model": [np.asarray(w) for w in model.get_weights()],
                "optimizer": [np.asarray(v) for v in optimizer.variables]}
-    return checkpoint.save(directory, epoch, payload, _write_npz, keep)
+    path = checkpoint.save(directory, epoch, payload, _write_npz, keep)
+    _metrics.current().checkpointed()
+    return path
 
 
 def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None,
@@ -462,10 +465,43 @@ class Checkpoint(keras.callbacks.Callback):
                 self.on_saved(epoch + 1, path)
 
 
+def metrics(port: Optional[int] = None, job=None) -> _metrics.Metrics:
+    """This rank's Prometheus metrics, served from the first call on (after `init()`): on when the job
+    has them on (`observability.metrics`) or a `port` is given; else a Metrics that records nothing.
+    With `model.fit`, pass `MetricsCallback(batch_size)`; in a custom loop, record as with
+    `hvdk8s.torch.metrics`."""
+    return _adapter.metrics(hvd.rank(), hvd.local_rank(), hvd.local_size(), port, job)
+
+
+class MetricsCallback(keras.callbacks.Callback):
+    """Records each training batch of `model.fit` in this rank's metrics: step time, samples, and
+    (at most once a second) the logged loss and accuracy. `samples`: samples per batch on this rank,
+    or a function of the batch index. Keras reads data and reduces gradients inside its compiled step,
+    so data and allreduce waits are not separated here (Horovod's timeline shows them)."""
+
+    def __init__(self, samples: Union[int, Callable[[int], int]], metrics: Optional[_metrics.Metrics] = None):
+        super().__init__()
+        self.samples, self.metrics = samples, metrics
+
+    def on_epoch_begin(self, epoch, logs=None):
+        (self.metrics or _metrics.current()).begin_epoch(epoch + 1)
+
+    def on_train_batch_end(self, batch, logs=None):
+        m = self.metrics or _metrics.current()
+        if m.enabled:
+            logs = logs or {}
+            n = self.samples(batch) if callable(self.samples) else self.samples
+            m.step(n, loss=_logged(logs, "loss"), accuracy=_logged(logs, "accuracy"))
+
+
+def _logged(logs: dict, name: str) -> Optional[Callable[[], float]]:
+    return (lambda: float(logs[name])) if name in logs else None
+
+
 def callbacks(root_rank: int = 0) -> list:
     """The callbacks every distributed `model.fit` needs: initial broadcast, metric averaging."""
     return [BroadcastInitialState(root_rank), MetricAverage()]
 
 
 __all__ = [*CONTRACT, "set_precision", "verbose", "callbacks", "allreduce_gradients", "broadcast_variables",
-           "BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "Checkpoint"]
+           "BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "Checkpoint", "MetricsCallback"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 from typing import Any, Optional
 
 import horovod.torch as hvd
@@ -30,7 +31,7 @@ import horovod.torch.elastic  # noqa: F401  (hvd.elastic)
 import torch
 from horovod.common.elastic import ObjectState
 
-from hvdk8s import _adapter, compression as _compression, precision as _precision
+from hvdk8s import _adapter, compression as _compression, metrics as _metrics, precision as _precision
 from hvdk8s._adapter import CONTRACT
 
 rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_size
@@ -118,6 +119,8 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
         # through its background thread (it registers no hooks at size 1, so synchronize() allreduces
         # them all, after backward): 7-10% of a CPU step here (`hvdk8s bench --only wrapper`).
         wrapped.synchronize = _nothing_to_average
+    else:
+        wrapped.synchronize = _timed(wrapped.synchronize)
     # Horovod builds a new optimizer from the param groups: carry over state restored from a checkpoint.
     if optimizer.state_dict()["state"]:
         wrapped.load_state_dict(optimizer.state_dict())
@@ -128,6 +131,29 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
 
 def _nothing_to_average() -> None:
     pass
+
+
+def _timed(synchronize):
+    """Horovod's synchronize(), its wait counted in this rank's metrics (the allreduce share of a step)."""
+    def timed_synchronize() -> None:
+        began = time.perf_counter()
+        synchronize()
+        _metrics.current().allreduce_wait(time.perf_counter() - began)
+    return timed_synchronize
+
+
+def metrics(port: Optional[int] = None, job=None) -> _metrics.Metrics:
+    """This rank's Prometheus metrics, served from the first call on (after `init()`): on when the job
+    has them on (`observability.metrics`) or a `port` is given; else a Metrics that records nothing.
+
+        m = ht.metrics()
+        for epoch in ...:
+            m.begin_epoch(epoch)
+            for x, y in m.timed(loader):              # time waiting for data
+                ...
+                m.step(len(x), loss=loss.item)        # loss read at most once a second
+    The allreduce wait of `distribute`'s optimizer is counted by itself."""
+    return _adapter.metrics(hvd.rank(), hvd.local_rank(), hvd.local_size(), port, job)
 
 
 # --- mixed precision and clipping ----------------------------------------------------------------
@@ -215,10 +241,13 @@ def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimize
     from hvdk8s import checkpoint
 
     if hvd.rank() != 0:
+        _metrics.current().checkpointed()  # rank 0 writes it now
         return None
     payload = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                "extra": extra or {}}
-    return checkpoint.save(directory, epoch, payload, lambda obj, path: torch.save(obj, path), keep)
+    path = checkpoint.save(directory, epoch, payload, lambda obj, path: torch.save(obj, path), keep)
+    _metrics.current().checkpointed()
+    return path
 
 
 def _restorer(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]):

@@ -67,11 +67,25 @@ def _storage(spec: JobSpec) -> list[tuple[str, str]]:
                     f"{_where(ckpt)} is on no volume of kubernetes.volumes: checkpoints would be lost with the pod; "
                     "mount a PersistentVolumeClaim or NFS export (e.g. {name: ckpt, mount_path: /ckpt, pvc: "
                     "my-claim}) and put the directory under its mount_path"))
+    out += _run_dir(spec)
     d = spec.dataset
     if d is not None and d.path is not None and not d.remote and volumes.covering(spec, d.path) is None:
         out.append(("dataset.path", f"{_where(d.path)} is on no volume of kubernetes.volumes, so no pod has it; "
                                     "mount the volume that holds it (an NFS export or a PersistentVolumeClaim)"))
     return out
+
+
+def _run_dir(spec: JobSpec) -> list[tuple[str, str]]:
+    """The timeline, autotune log and TensorBoard events outlive the pod only on a writable volume. A run
+    directory taken from training.checkpoint.dir is checked as that field (above)."""
+    o = spec.observability
+    if not o.wanted or o.dir is None or volumes.covering(spec, o.dir, writable=True) is not None:
+        return []
+    read_only = volumes.covering(spec, o.dir)
+    return [("observability.dir",
+             f"{_where(o.dir)} is on volume {read_only.name!r}, mounted read-only" if read_only else
+             f"{_where(o.dir)} is on no volume of kubernetes.volumes, and {', '.join(o.wanted)} would be lost with "
+             "the pod; put it under a writable volume's mount_path (a PersistentVolumeClaim or NFS export)")]
 
 
 def _writable(spec: JobSpec, path: str) -> bool:

@@ -3,7 +3,7 @@ workers, so they do not see the worker pods' environment: every variable they ne
 launcher and forwarded (-x), along with the image's PATH and LD_LIBRARY_PATH."""
 from __future__ import annotations
 
-from hvdk8s import tuning
+from hvdk8s import runfiles, tuning
 from hvdk8s.faults import stall_env
 from hvdk8s.quantity import parse_quantity
 from hvdk8s.spec import JOB_ENV, JobSpec
@@ -26,6 +26,7 @@ def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(max(1, int(parse_quantity(spec.resources.cpu) // topo.slots_per_worker)))
     if spec.cached_dataset is not None:
         env["HVDK8S_CACHE_DIR"] = spec.kubernetes.cache_dir  # where the init container synced the dataset
+    env.update(runfiles.horovod_env(spec))  # timeline and autotune into the run directory (on a volume: checks)
     return env
 
 

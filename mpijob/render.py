@@ -21,9 +21,9 @@ import yaml
 from hvdk8s.atomic import atomic_write_all
 from hvdk8s.errors import UserError
 from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
-from hvdk8s.spec import JobSpec, dump_job
+from hvdk8s.spec import JobSpec, dump_job, with_backend_defaults
 
-from . import cache, checks, layout, network, podsecurity, scheduling, security, volumes
+from . import cache, checks, layout, monitoring, network, podsecurity, scheduling, security, volumes
 from .environment import JOB_FILE, forwarded, rank_env  # noqa: F401  (rank_env: part of this module's API)
 from .topology import Topology, plan
 
@@ -37,13 +37,18 @@ LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # mpirun only; no GPU
 LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
 POD_SECURITY_ANNOTATION = "hvdk8s.io/pod-security"  # the strictest Pod Security level all of the job's pods meet
 FILES = ("configmap.yaml", "mpijob.yaml")
+POD_MONITOR_FILE = "podmonitor.yaml"  # written (and listed) only for a job with a PodMonitor
 
 
 def render(spec: JobSpec, files: Mapping[str, str] = {}) -> list[dict[str, Any]]:
-    """The objects to apply, in apply order: the job-file ConfigMap, then the MPIJob. `files` are
-    carried in the ConfigMap beside the job (the entrypoint script: `hvdk8s.entrypoint.carried_files`).
-    A job that cannot run on a cluster as written raises `checks.ClusterJobError` (a JobFileError)."""
-    return [job_configmap(spec, files), mpijob(spec)]
+    """The objects to apply, in apply order: the job-file ConfigMap, then the MPIJob, then (with
+    observability.metrics.pod_monitor) the PodMonitor. `files` are carried in the ConfigMap beside the
+    job (the entrypoint script: `hvdk8s.entrypoint.carried_files`). A job that cannot run on a cluster
+    as written raises `checks.ClusterJobError` (a JobFileError)."""
+    objects = [job_configmap(spec, files), mpijob(spec)]
+    if monitoring.wants_pod_monitor(spec):
+        objects.append(pod_monitor(spec))
+    return objects
 
 
 def job_configmap(spec: JobSpec, files: Mapping[str, str] = {}) -> dict[str, Any]:
@@ -52,7 +57,8 @@ def job_configmap(spec: JobSpec, files: Mapping[str, str] = {}) -> dict[str, Any
         raise ValueError(f"entrypoint.script: the text of {e.script_name} is needed to carry it in the ConfigMap")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _metadata(spec, f"{spec.name}-job"),
-            "data": {"job.yaml": dump_job(spec), **dict(sorted(files.items()))}}
+            # As the ranks must read it on a cluster: what the file leaves to the back end decided (metrics on).
+            "data": {"job.yaml": dump_job(with_backend_defaults(spec, cluster=True)), **dict(sorted(files.items()))}}
 
 
 def mpijob(spec: JobSpec) -> dict[str, Any]:
@@ -137,8 +143,10 @@ def launcher_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
         # ranks locally (OpenMPI sees its own hostfile entry as this host), so neither sshd nor a probe.
         template = worker_template(spec, topo)
         worker = template["spec"]["containers"][0]
+        ports = monitoring.container_ports(spec)  # its ranks' metrics (and no sshd)
         launcher = {"name": "launcher", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
                     "command": launcher_command(spec, topo), "env": _env(spec, topo),
+                    **({"ports": ports} if ports else {}),
                     **{key: worker[key] for key in ("resources", "securityContext", "volumeMounts")}}
         template["spec"]["containers"] = [launcher]
         template["metadata"]["labels"] = _labels(spec, "launcher")
@@ -165,7 +173,7 @@ def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
     container = {
         "name": "worker", "image": spec.image, "imagePullPolicy": spec.kubernetes.image_pull_policy,
         "command": list(SSHD_COMMAND),
-        "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}, *monitoring.container_ports(spec)],
         "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "initialDelaySeconds": 2, "periodSeconds": 5},
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},  # Guaranteed QoS
         "securityContext": security.container(),
@@ -188,7 +196,7 @@ def worker_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
     pod["affinity"] = scheduling.spread_workers(_labels(spec, "worker"), topo)
     pod.update(scheduling.worker_placement(spec, topo))
     template: dict[str, Any] = {"metadata": {"labels": _labels(spec, "worker")}, "spec": pod}
-    annotations = network.worker_annotations(rdma)
+    annotations = {**network.worker_annotations(rdma), **monitoring.pod_annotations(spec)}
     if annotations:
         template["metadata"]["annotations"] = annotations
     return template
@@ -203,6 +211,13 @@ def warm_daemonset(spec: JobSpec) -> dict[str, Any]:
     """The DaemonSet that pre-fills the node-local dataset cache on the job's nodes."""
     checks.raise_for(spec)
     return cache.warm_daemonset(spec, worker_placement(spec, plan(spec.resources)))
+
+
+def pod_monitor(spec: JobSpec) -> dict[str, Any]:
+    """The Prometheus Operator's PodMonitor of the pods that run the job's ranks: the workers, or the
+    launcher with run_launcher_as_worker (a plain launcher runs mpirun only, and declares no metrics port)."""
+    role = "launcher" if spec.kubernetes.run_launcher_as_worker else "worker"
+    return monitoring.pod_monitor(spec, _metadata(spec, spec.name), {"matchLabels": _labels(spec, role)})
 
 
 def _pod_spec(spec: JobSpec, containers: list, pod_volumes: list) -> dict[str, Any]:
@@ -236,7 +251,12 @@ def _metadata(spec: JobSpec, name: str) -> dict[str, Any]:
 
 def kustomization(spec: JobSpec) -> dict[str, Any]:
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-            "namespace": spec.kubernetes.namespace, "resources": list(FILES)}
+            "namespace": spec.kubernetes.namespace, "resources": _files(spec)}
+
+
+def _files(spec: JobSpec) -> list[str]:
+    """The object files of a rendered directory, in apply order (one per object `render` returns)."""
+    return [*FILES, *([POD_MONITOR_FILE] if monitoring.wants_pod_monitor(spec) else [])]
 
 
 # --- deterministic YAML ---------------------------------------------------------------------------
@@ -262,11 +282,12 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 
 def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[str, str] = {}) -> list[Path]:
-    """Write configmap.yaml, mpijob.yaml and kustomization.yaml. Nothing is written unless all of them
-    render, and none is replaced unless all were written whole (a full disk leaves the old set)."""
-    configmap, job = render(spec, files)
-    contents = {"configmap.yaml": to_yaml([configmap]), "mpijob.yaml": to_yaml([job]),
-                "kustomization.yaml": to_yaml([kustomization(spec)])}
+    """Write configmap.yaml, mpijob.yaml (podmonitor.yaml with a PodMonitor) and kustomization.yaml.
+    Nothing is written unless all of them render, and none is replaced unless all were written whole
+    (a full disk leaves the old set)."""
+    objects = render(spec, files)
+    contents = {name: to_yaml([obj]) for name, obj in zip(_files(spec), objects, strict=True)}
+    contents["kustomization.yaml"] = to_yaml([kustomization(spec)])
     out = Path(directory)  # everything is rendered above, before the first byte is written
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,8 @@ else
   # for tens of minutes (boto3/botocore against s3fs's aiobotocore); with them it takes seconds. If they
   # no longer fit (a dependency changed its needs), resolve from scratch.
   previous=$(ls -t "$CACHE"/wheelhouse-*/requirements.txt 2>/dev/null | head -n 1 || true)
+  # A fresh machine has none: the versions resolved when this file was last regenerated, committed.
+  [ -n "$previous" ] || previous=$ROOT/scripts/resolved-versions.txt
   if [ -z "$previous" ] || ! pip_install -c "$previous" "${frameworks[@]}" "$wheel" -e "$extras"; then
     pip_install "${frameworks[@]}" "$wheel" -e "$extras"
   fi

@@ -1,7 +1,8 @@
 """Every cluster failure `hvdk8s launch` and the cluster verbs name, produced for real: a stopped API
 server, no MPIJob CRD, the training-operator's MPIJob v1 in its place, a CRD that refuses a field, a
-user without rights, a half-made launch rolled back. Each is one line of cause and remedy, exit 2, and
-nothing left behind. (A missing namespace and a wait that times out: test_cluster_launch.py.)
+user without rights, a half-made launch rolled back, a PodMonitor asked of a cluster without them. Each
+is one line of cause and remedy, exit 2, and nothing left behind. (A missing namespace and a wait that
+times out: test_cluster_launch.py.)
 
 Most of these change the project's own API server (stop it, swap its CRD, log in as its rights-less
 `nobody`), so they skip on another cluster. The CRD is put back after each test that swaps it.
@@ -167,3 +168,83 @@ def test_no_kubeconfig_or_an_unknown_context_say_what_to_set(cluster, job, tmp_p
     assert "no kubeconfig at " in _one_line(run) and "set KUBECONFIG" in run.stderr
     line = _one_line(cluster.cli("status", "x", "--context", "nosuch"))
     assert "no context 'nosuch' in " in line and "pick one of: " in line
+
+
+# --- the PodMonitor (observability.metrics.pod_monitor): the Prometheus Operator's CRD, or none ----------
+
+# A stand-in for the Prometheus Operator's CRD: its names, and no schema beyond "an object".
+POD_MONITOR_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: podmonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+"""
+
+
+@pytest.fixture
+def pod_monitor_crd(own_cluster):
+    """The PodMonitor CRD, for one test; removed after (the other tests' cluster has none)."""
+    own_cluster.install_crd(POD_MONITOR_CRD)
+    yield own_cluster
+    own_cluster.delete_crd("podmonitors.monitoring.coreos.com")
+
+
+@pytest.fixture
+def monitored(job_file, namespace):
+    name = unique("pm")
+    return job_file({"name": name, "kubernetes": {"namespace": namespace},
+                     "observability": {"metrics": {"pod_monitor": True}}}), name
+
+
+def _pod_monitor(cluster, namespace, name):
+    got = cluster.kubectl("get", "podmonitors.monitoring.coreos.com", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def test_a_pod_monitor_without_its_crd_is_refused_before_anything_is_made(own_cluster, monitored, namespace):
+    path, name = monitored
+    line = _one_line(own_cluster.cli("launch", path))
+    assert "serves no PodMonitors (no podmonitors.monitoring.coreos.com CRD, monitoring.coreos.com/v1)" in line
+    assert line.endswith("install the Prometheus Operator, or set observability.metrics.pod_monitor: false")
+    assert (namespace, name) not in _mpijobs(own_cluster)
+    assert _configmaps(own_cluster, namespace) <= {"kube-root-ca.crt"}
+
+
+def test_a_pod_monitor_is_made_owned_by_the_mpijob_and_deleted_with_it(pod_monitor_crd, monitored, namespace):
+    path, name = monitored
+    run = pod_monitor_crd.cli("launch", path, "-o", "json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["created"] == [f"mpijob/{name}", f"configmap/{name}-job", f"podmonitor/{name}"]
+    job = json.loads(pod_monitor_crd.kubectl("get", f"{PLURAL}.{GROUP}", name, "-n", namespace, "-o", "json").stdout)
+    monitor = _pod_monitor(pod_monitor_crd, namespace, name)
+    assert monitor["metadata"]["ownerReferences"] == [{
+        "apiVersion": f"{GROUP}/v2beta1", "kind": "MPIJob", "name": name, "uid": job["metadata"]["uid"],
+        "controller": True}]
+    assert monitor["spec"]["selector"] == {"matchLabels": {"hvdk8s.io/job": name, "hvdk8s.io/role": "worker"}}
+    deleted = pod_monitor_crd.cli("delete", name, "-n", namespace)
+    assert deleted.returncode == 0 and f"deleted podmonitor/{name}" in deleted.stdout, deleted.stderr
+    assert _pod_monitor(pod_monitor_crd, namespace, name) is None
+
+
+def test_a_pod_monitor_that_cannot_be_made_takes_the_job_back(pod_monitor_crd, monitored, namespace):
+    """`nobody` may make MPIJobs and ConfigMaps here but not PodMonitors: both are deleted again."""
+    own = pod_monitor_crd
+    own.kubectl("create", "role", "job-parts", "-n", namespace, "--verb=get,list,create,delete",
+                f"--resource={PLURAL}.{GROUP}", "--resource=configmaps")
+    own.kubectl("create", "rolebinding", "job-parts", "-n", namespace, "--role=job-parts", "--user=nobody")
+    path, name = monitored
+    run = own.cli("launch", path, "--context", NOBODY)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"creating podmonitor {name} failed: forbidden: " in errors[0]
+    assert f"mpijob {name} and configmap {name}-job were deleted again, nothing is left" in errors[0]
+    assert (namespace, name) not in _mpijobs(own)
+    assert f"{name}-job" not in _configmaps(own, namespace)

@@ -34,6 +34,7 @@ EVENTS = [
      "test_accuracy": 0.9749, "samples_per_s": 5.0, "seconds": 12.5, "loss_scale": 65536.0},
     {"event": "checkpoint", "epoch": 4, "path": "checkpoints/digits mlp/epoch-4"},
     {"event": "done", "test_accuracy": 0.9749, "epochs": 15, "seconds": 0.5, "digest": "8b2ac359d47df739"},
+    {"event": "file", "what": "timeline", "path": "/runs/digits (2)/horovod-timeline.json"},
 ]
 
 

@@ -12,7 +12,7 @@ from conftest import ROOT, cli
 from hvdk8s.mpijob import render as renderer
 from hvdk8s.mpijob import validate as mv
 from hvdk8s.mpijob.checks import ClusterJobError
-from hvdk8s.spec import JobFileError, load_job
+from hvdk8s.spec import JobFileError, load_job, with_backend_defaults
 
 GOLDEN = ROOT / "tests" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "job.yaml").is_file())
@@ -182,7 +182,7 @@ def test_rdma_on_needs_no_capability_checks_the_locked_memory_limit_and_never_fa
     # IPC_LOCK is never effective for the non-root ranks; it is not asked for (and baseline forbids it)
     assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert worker["securityContext"]["privileged"] is False
-    assert template["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    assert template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
     launcher = containers(job, "Launcher")[0]
     env = env_of(launcher)
     assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
@@ -512,7 +512,8 @@ def test_a_single_node_job_can_run_its_ranks_in_the_launcher():
     pod = pod_of(job, "Launcher")
     launcher = pod["containers"][0]
     assert launcher["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert "readinessProbe" not in launcher and "ports" not in launcher  # no sshd: mpirun starts ranks locally
+    assert "readinessProbe" not in launcher  # no sshd: mpirun starts ranks locally
+    assert [p["name"] for p in launcher["ports"]] == ["metrics"]  # ...whose metrics it serves
     assert {m["mountPath"] for m in launcher["volumeMounts"]} == {"/dev/shm", "/etc/hvdk8s", "/ckpt"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert mpirun(launcher["command"])[:3] == ["mpirun", "-np", "8"]
@@ -527,7 +528,8 @@ def test_a_single_node_job_can_run_its_ranks_in_the_launcher():
 def test_the_configmap_carries_the_job_file_that_trains():
     out = rendered("gpu-4x8-rdma")
     carried = yaml.safe_load(out["configmap"]["data"]["job.yaml"])
-    assert load_job(GOLDEN / "gpu-4x8-rdma" / "job.yaml").model_dump(mode="json") == carried
+    spec = with_backend_defaults(load_job(GOLDEN / "gpu-4x8-rdma" / "job.yaml"), cluster=True)
+    assert spec.model_dump(mode="json") == carried and carried["observability"]["metrics"]["enabled"] is True
 
 
 @pytest.mark.parametrize("override,field,words", [
@@ -568,6 +570,7 @@ SHAPES = [
      "kubernetes.volumes=[{name: s, mount_path: /scratch, host_path: /mnt/nvme, read_only: true}]"],
     ["resources.gpus=8", "kubernetes.run_launcher_as_worker=true"],
     ["kubernetes.env={HF_HOME: /tmp/hf, NCCL_DEBUG: INFO}", "kubernetes.worker_wait_seconds=60"],
+    ["observability.metrics={enabled: false}"], ["observability.metrics={port: 9500, pod_monitor: true}"],
 ]
 
 
@@ -651,3 +654,108 @@ def test_a_job_that_validates_renders_or_is_refused_naming_a_field(case, field, 
         assert e.problems and all(p for p, _ in e.problems)
         return
     assert mv.validate_mpijob(job) == [], (field, text)
+
+
+# --- observability: scraping the ranks' metrics, the PodMonitor, the run directory --------------------
+
+SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/metrics"}
+
+
+def rank_template(job) -> dict:
+    """The pod template whose pods run the ranks: the workers', or the launcher's when it is the worker."""
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    return replicas["Launcher" if job["spec"].get("runLauncherAsWorker") else "Worker"]["template"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pods_that_run_ranks_declare_the_metrics_port_and_the_scrape_annotations(case):
+    job = job_of(case)
+    template = rank_template(job)
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in template["spec"]["containers"][0]["ports"]
+    assert SCRAPE.items() <= template["metadata"]["annotations"].items()
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+    if launcher is not template and not job["spec"].get("runLauncherAsWorker"):  # mpirun only: nothing to scrape
+        assert "ports" not in launcher["spec"]["containers"][0] and "annotations" not in launcher["metadata"]
+
+
+def test_the_metrics_port_is_the_job_files_and_metrics_off_render_no_port_or_annotation():
+    job = job_of("gpu-4x8-rdma", "observability.metrics.port=9500")
+    assert rank_template(job)["metadata"]["annotations"]["prometheus.io/port"] == "9500"
+    assert {"name": "metrics", "containerPort": 9500, "protocol": "TCP"} in containers(job, "Worker")[0]["ports"]
+    for case in ("gpu-4x8-rdma", "single-node"):
+        off = rendered(case, "observability.metrics.enabled=false")
+        assert "prometheus.io" not in renderer.to_yaml(list(off.values()))
+        assert all(p["name"] != "metrics" for c in rank_template(off["mpijob"])["spec"]["containers"]
+                   for p in c.get("ports") or [])
+        assert yaml.safe_load(off["configmap"]["data"]["job.yaml"])["observability"]["metrics"]["enabled"] is False
+    # The RDMA network annotation stays beside (or without) the scrape annotations.
+    rdma_off_metrics = rank_template(job_of("gpu-4x8-rdma", "observability.metrics.enabled=false"))
+    assert rdma_off_metrics["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+
+
+@pytest.mark.parametrize("case", ["gpu-4x8-tcp", "single-node"])
+def test_a_pod_monitor_selects_exactly_the_pods_that_run_ranks(case):
+    objects = renderer.render(load_job(GOLDEN / case / "job.yaml", [
+        "observability.metrics={pod_monitor: true, scrape_interval_seconds: 30}"]))
+    assert [o["kind"] for o in objects] == ["ConfigMap", "MPIJob", "PodMonitor"]
+    job, monitor = objects[1], objects[2]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["name"] == job["metadata"]["name"]
+    assert monitor["metadata"]["namespace"] == job["metadata"]["namespace"]
+    selector = monitor["spec"]["selector"]
+    assert list(selector) == ["matchLabels"]
+    templates = [r["template"] for r in job["spec"]["mpiReplicaSpecs"].values()]
+    selected = [t for t in templates if selector["matchLabels"].items() <= t["metadata"]["labels"].items()]
+    assert selected == [rank_template(job)]  # a plain launcher runs mpirun only, and is left out
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+
+
+def test_render_writes_the_pod_monitor_beside_the_job_and_lists_it_for_kustomize(tmp_path):
+    args = ["render", GOLDEN / "gpu-4x8-tcp" / "job.yaml", "--set", "observability.metrics.pod_monitor=true"]
+    assert cli(*args, "-o", tmp_path / "a").returncode == 0 and cli(*args, "-o", tmp_path / "b").returncode == 0
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == ["configmap.yaml", "kustomization.yaml", "mpijob.yaml", "podmonitor.yaml"]
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    kustomization = yaml.safe_load((tmp_path / "a" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["configmap.yaml", "mpijob.yaml", "podmonitor.yaml"]
+    proc = subprocess.run(["kubectl", "kustomize", str(tmp_path / "a")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(d["kind"] for d in yaml.safe_load_all(proc.stdout)) == ["ConfigMap", "MPIJob", "PodMonitor"]
+
+
+def test_a_pod_monitor_of_metrics_turned_off_is_a_field_error(tmp_path):
+    out = tmp_path / "out"
+    proc = cli("render", GOLDEN / "cpu" / "job.yaml", "--set",
+               "observability.metrics={enabled: false, pod_monitor: true}", "-o", out)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and not out.exists()
+    assert "  observability.metrics.pod_monitor:" in proc.stderr
+
+
+def test_a_run_directory_for_timeline_autotune_or_tensorboard_needs_a_writable_volume():
+    problems = cluster_problems("gpu-1x8", "observability={timeline: true, dir: /runs/x}")
+    assert list(problems) == ["observability.dir"]
+    assert "timeline would be lost with the pod" in problems["observability.dir"]
+    problems = cluster_problems("gpu-1x8", "observability={tensorboard: true, dir: runs}")
+    assert "is relative" in problems["observability.dir"]
+    problems = cluster_problems("gpu-1x8", "observability={autotune: true, dir: /data/runs}",
+                                "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c}, "
+                                "{name: d, mount_path: /data, pvc: d, read_only: true}]")
+    assert list(problems) == ["observability.dir"] and "read-only" in problems["observability.dir"]
+    # The run directory is the checkpoint directory's unless set: then that field is the one named.
+    assert list(cluster_problems("gpu-1x8", "observability.timeline=true", "kubernetes.volumes=[]")) == [
+        "training.checkpoint.dir"]
+    renderer.render(load_job(GOLDEN / "gpu-1x8" / "job.yaml", ["observability={timeline: true, dir: /ckpt/runs}"]))
+
+
+def test_the_ranks_get_horovods_timeline_and_autotune_variables_forwarded():
+    job = job_of("gpu-1x8", "observability={timeline: true, autotune: true, dir: /ckpt/runs}")
+    launcher = containers(job, "Launcher")[0]
+    env = env_of(launcher)
+    assert env["HOROVOD_TIMELINE"] == "/ckpt/runs/horovod-timeline.json"
+    assert env["HOROVOD_AUTOTUNE"] == "1" and env["HOROVOD_AUTOTUNE_LOG"] == "/ckpt/runs/horovod-autotune.csv"
+    cmd = mpirun(launcher["command"])
+    assert {"HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG"} <= {cmd[i + 1] for i, a in enumerate(cmd)
+                                                                                if a == "-x"}
+    assert "HOROVOD_TIMELINE" not in env_of(containers(job_of("gpu-1x8"), "Launcher")[0])
+    problems = cluster_problems("gpu-1x8", "observability.timeline=true", "kubernetes.env={HOROVOD_TIMELINE: /x}")
+    assert "kubernetes.env.HOROVOD_TIMELINE" in problems

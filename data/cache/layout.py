@@ -5,6 +5,7 @@
     <root>/<key>/journal.jsonl   files finished by an unfinished sync (one JSON line each)
     <root>/<key>/source.json     what the dataset is synced from (so `ls` names it while incomplete)
     <root>/<key>/last-used       its mtime is when a sync or a job last used the dataset (LRU)
+    <root>/<key>/last-sync.json  what the latest sync found in place and copied (ranks export it as metrics)
     <root>/<key>/.lock           exclusive flock while syncing
     <root>/<key>/.hold           shared flocks of running jobs
     <root>/<key>/.lease          until when (seconds since the epoch) a sync leased the dataset to a job
@@ -88,6 +89,7 @@ class DatasetDir:
         self.lock_path = self.path / ".lock"
         self.hold_path = self.path / ".hold"
         self.lease_path = self.path / ".lease"
+        self.last_sync_path = self.path / "last-sync.json"
 
     # -- completeness -------------------------------------------------------------------------------
     def read_manifest(self) -> Manifest | None:
@@ -136,6 +138,18 @@ class DatasetDir:
     def read_source(self) -> str | None:
         try:
             return str(json.loads(self.source_path.read_bytes())["source"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write_last_sync(self, files_hit: int, files_missed: int, bytes_copied: int, seconds: float) -> None:
+        atomic_write(self.last_sync_path, json.dumps({"files_hit": files_hit, "files_missed": files_missed,
+                                                      "bytes_copied": bytes_copied, "seconds": seconds}).encode())
+
+    def read_last_sync(self) -> dict | None:
+        """The latest sync's figures, or None (none recorded, or unreadable: metrics are not worth failing for)."""
+        try:
+            d = json.loads(self.last_sync_path.read_bytes())
+            return {k: int(d[k]) for k in ("files_hit", "files_missed", "bytes_copied")}
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -74,6 +74,7 @@ def sync(source: str, cache_root: str | os.PathLike, *, key: str | None = None, 
             with lock as waited:
                 copied, skipped, nbytes = _sync_locked(ds, source, origin, version, storage_options, workers,
                                                        verify, retries, quota_bytes, waited, shown, limits)
+                ds.write_last_sync(skipped, copied, nbytes, time.monotonic() - start)
                 leased = ds.extend_lease(time.time() + lease_seconds) if lease_seconds else None  # under the lock too
                 held = store.take_hold(ds) if keep_hold else None  # before the lock goes: no gap
         except OSError as e:  # source-side errors are CacheErrors already: this is the cache's disk

@@ -5,9 +5,10 @@ and ConfigMap that `hvdk8s.mpijob.render` makes of it, through the official Kube
 1. the cluster serves MPIJob v2beta1 (not the training-operator's v1, not nothing);
 2. the MPIJob fits the CRD the cluster serves (hvdk8s's own rules where the CRD may not be read);
 3. neither object exists yet: a second launch of a job is refused, never merged into the running one;
-4. the MPIJob is created, then the ConfigMap with an ownerReference to it, so that deleting the job
-   deletes the ConfigMap (the garbage collector does; `delete` also does it itself). If the ConfigMap
-   cannot be created, the MPIJob is deleted again: nothing is left half-applied.
+4. with observability.metrics.pod_monitor, the cluster serves PodMonitors (the Prometheus Operator's);
+5. the MPIJob is created, then the ConfigMap (and the PodMonitor) with an ownerReference to it, so that
+   deleting the job deletes them (the garbage collector does; `delete` also does it itself). If one
+   cannot be created, what was made is deleted again: nothing is left half-applied.
 
 A job's progress is what mpi-operator writes in the MPIJob's status: conditions and replicaStatuses.
 Its output is the launcher pod's log (mpirun there carries every rank's output).
@@ -18,11 +19,12 @@ import datetime as dt
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from hvdk8s.errors import UserError
 from hvdk8s.launch.base import Condition, JobStatus, WaitTimeout, phase_of
 from hvdk8s.launch.kubeclient import TIMEOUT, ClusterError, Connection, connect, explain, translated
+from hvdk8s.mpijob.monitoring import POD_MONITOR_API, POD_MONITOR_KIND, POD_MONITOR_PLURAL
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -30,18 +32,22 @@ INSTALL_OPERATOR = ("install mpi-operator (kubectl apply --server-side -f https:
                     "kubeflow/mpi-operator/v0.8.0/deploy/v2beta1/mpi-operator.yaml)")
 # mpi-operator labels the launcher's pods so (defaultLabels in its controller).
 LAUNCHER_SELECTOR = "training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
+PM_GROUP, PM_VERSION = POD_MONITOR_API.split("/")
+NO_POD_MONITORS = (f"serves no PodMonitors (no {POD_MONITOR_PLURAL}.{PM_GROUP} CRD, {POD_MONITOR_API}), which "
+                   "observability.metrics.pod_monitor asks for; install the Prometheus Operator, or set "
+                   "observability.metrics.pod_monitor: false")
 POLL_S = 1.0  # while waiting for a launcher pod to appear or restart
 WATCH_WINDOW_S = 300  # one watch request's length; the wait goes on across windows
 
 
 def manifests(spec, job_dir: Optional[Path], source: str) -> list[dict[str, Any]]:
-    """What `submit` sends, in order: the MPIJob, then the ConfigMap (which gets an ownerReference to
-    the MPIJob once the server has given it a uid)."""
+    """What `submit` sends, in order: the MPIJob, then the ConfigMap and (with a PodMonitor) the
+    PodMonitor, which get an ownerReference to the MPIJob once the server has given it a uid."""
     from hvdk8s.entrypoint import carried_files
     from hvdk8s.mpijob.render import render
 
-    configmap, job = render(spec, carried_files(spec, job_dir, source))
-    return [job, configmap]
+    configmap, job, *monitors = render(spec, carried_files(spec, job_dir, source))
+    return [job, configmap, *monitors]
 
 
 def job_status(obj: dict[str, Any]) -> JobStatus:
@@ -113,6 +119,18 @@ class KubernetesLauncher:
             raise ClusterError(f"the cluster serves MPIJob as {other} ({whose}), not {GROUP}/{VERSION}, which "
                                f"hvdk8s makes; {INSTALL_OPERATOR} in its place")
 
+    def require_pod_monitors(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resources = self.custom.get_api_resources(PM_GROUP, PM_VERSION, _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status != 404:  # 404: the group/version is not served at all
+                raise
+            resources = None
+        if not any(r.name == POD_MONITOR_PLURAL for r in (resources.resources or [] if resources else [])):
+            raise ClusterError(f"the cluster at {self.conn.server} {NO_POD_MONITORS}")
+
     def served_schema(self) -> Optional[dict]:
         """The v2beta1 schema of the MPIJob CRD the cluster serves; None where we may not read CRDs."""
         import json
@@ -147,27 +165,38 @@ class KubernetesLauncher:
     # --- the verbs ---------------------------------------------------------------------------------
 
     def submit(self, spec, job_dir: Optional[Path], source: str, on_note: Callable[[str], None] = lambda _: None) -> str:
-        job, configmap = manifests(spec, job_dir, source)
+        job, configmap, *monitors = manifests(spec, job_dir, source)
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         with self._errors(namespace):
             self.require_api()
+            if monitors:
+                self.require_pod_monitors()
             note = self.check(job, source)
             if note:
                 on_note(note)
             self._refuse_existing(name, configmap["metadata"]["name"], namespace)
             created_job = self._create_job(job, namespace)
-            configmap = _owned_by(configmap, created_job)
-            try:
-                created_map = self.core.create_namespaced_config_map(namespace, configmap, _request_timeout=TIMEOUT)
-            except BaseException as e:
-                undone = self._undo_create(name, namespace)
-                if not _is_client_error(e):
-                    raise  # Ctrl-C or a bug: the MPIJob is gone again, the cause stays as it is
-                error = e if isinstance(e, ClusterError) else explain(e, self.conn, namespace)
-                raise ClusterError(f"creating configmap {configmap['metadata']['name']} failed: {error.header}; "
-                                   + undone, error.problems, status=error.status) from None
-        self.created = [created_job, self.conn.api.sanitize_for_serialization(created_map)]
+            made: list[dict[str, Any]] = []
+            for obj in (configmap, *monitors):
+                try:
+                    made.append(self._create_owned(_owned_by(obj, created_job), namespace))
+                except BaseException as e:
+                    undone = self._undo_create(name, namespace, made)
+                    if not _is_client_error(e):
+                        raise  # Ctrl-C or a bug: what was made is gone again, the cause stays as it is
+                    error = e if isinstance(e, ClusterError) else explain(e, self.conn, namespace)
+                    raise ClusterError(f"creating {obj['kind'].lower()} {obj['metadata']['name']} failed: "
+                                       f"{error.header}; " + undone, error.problems, status=error.status) from None
+        self.created = [created_job, *made]
         return name
+
+    def _create_owned(self, obj: dict, namespace: str) -> dict:
+        """Create the ConfigMap or PodMonitor; returns it as the server does, as a dict."""
+        if obj["kind"] == "ConfigMap":
+            created = self.core.create_namespaced_config_map(namespace, obj, _request_timeout=TIMEOUT)
+            return self.conn.api.sanitize_for_serialization(created)
+        return self.custom.create_namespaced_custom_object(PM_GROUP, PM_VERSION, namespace, POD_MONITOR_PLURAL, obj,
+                                                           _request_timeout=TIMEOUT)
 
     def _refuse_existing(self, name: str, configmap: str, namespace: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -198,16 +227,27 @@ class KubernetesLauncher:
                     raise _already_exists(job_status(existing), namespace) from None
             raise
 
-    def _undo_create(self, name: str, namespace: str) -> str:
-        """Delete the MPIJob just created; says whether that worked (and if not, what to do)."""
+    def _undo_create(self, name: str, namespace: str, made: Sequence[dict] = ()) -> str:
+        """Delete the MPIJob just created, and what `made` lists of the objects it owns (the garbage
+        collector would, but not at once, and a cluster may run none); says whether that worked."""
         try:
+            for obj in made:
+                self._delete_owned(obj["kind"], obj["metadata"]["name"], namespace)
             self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                         propagation_policy="Background", _request_timeout=TIMEOUT)
-            return f"mpijob {name} was deleted again, nothing is left"
+            return " and ".join([f"mpijob {name}", *(f"{o['kind'].lower()} {o['metadata']['name']}" for o in made)]) \
+                + f" {'was' if not made else 'were'} deleted again, nothing is left"
         except Exception as e:  # noqa: BLE001 - reported to the user, with the remedy
             reason = explain(e, self.conn, namespace).header if _is_client_error(e) else repr(e)
             return (f"deleting mpijob {name} again failed too ({reason}): remove it with "
                     f"`hvdk8s delete {name} -n {namespace}`")
+
+    def _delete_owned(self, kind: str, name: str, namespace: str) -> None:
+        if kind == "ConfigMap":
+            self.core.delete_namespaced_config_map(name, namespace, _request_timeout=TIMEOUT)
+        else:
+            self.custom.delete_namespaced_custom_object(PM_GROUP, PM_VERSION, namespace, POD_MONITOR_PLURAL, name,
+                                                        _request_timeout=TIMEOUT)
 
     def _find(self, name: str, namespace: Optional[str] = None) -> Optional[dict]:
         from kubernetes.client.exceptions import ApiException
@@ -372,7 +412,8 @@ class KubernetesLauncher:
             response.release_conn()
 
     def delete(self, name: str) -> list[str]:
-        """Delete the MPIJob (its pods go with it) and the job's ConfigMap; returns what was removed."""
+        """Delete the MPIJob (its pods go with it), the job's ConfigMap and its PodMonitor if it has one;
+        returns what was removed."""
         from kubernetes.client.exceptions import ApiException
 
         configmap = f"{name}-job"
@@ -380,11 +421,12 @@ class KubernetesLauncher:
             job = self._get(name)
             try:
                 cm = self.core.read_namespaced_config_map(configmap, self.namespace, _request_timeout=TIMEOUT)
-                ours = _belongs_to(cm.metadata, job)
+                ours = _belongs_to(self.conn.api.sanitize_for_serialization(cm.metadata), job)
             except ApiException as e:
                 if e.status != 404:
                     raise
                 ours = False
+            monitor = self._own_pod_monitor(name, job)
             # Background: the garbage collector removes the pods; a cluster without one keeps nothing stuck.
             self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
                                                         propagation_policy="Background", _request_timeout=TIMEOUT)
@@ -396,7 +438,28 @@ class KubernetesLauncher:
                     if e.status != 404:  # the garbage collector was quicker
                         raise
                 removed.append(f"configmap/{configmap}")
+            if monitor:
+                try:
+                    self._delete_owned(POD_MONITOR_KIND, name, self.namespace)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                removed.append(f"podmonitor/{name}")
         return removed
+
+    def _own_pod_monitor(self, name: str, job: dict) -> bool:
+        """Whether the job has a PodMonitor of its own (none where PodMonitors are not served, or may not be
+        read: the garbage collector removes an owned one then)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pm = self.custom.get_namespaced_custom_object(PM_GROUP, PM_VERSION, self.namespace, POD_MONITOR_PLURAL,
+                                                          name, _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status in (403, 404):
+                return False
+            raise
+        return _belongs_to(pm.get("metadata") or {}, job)
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -409,13 +472,14 @@ def _owned_by(configmap: dict, job: dict) -> dict:
     return {**configmap, "metadata": {**configmap["metadata"], "ownerReferences": [owner]}}
 
 
-def _belongs_to(meta, job: dict) -> bool:
-    """The ConfigMap is this job's: owned by it, or (applied from `hvdk8s render`) labelled for it."""
-    uid = job["metadata"]["uid"]
-    if any(ref.uid == uid for ref in meta.owner_references or []):
+def _belongs_to(meta: dict, job: dict) -> bool:
+    """The object (its metadata as a dict) is this job's: owned by it, or (applied from `hvdk8s render`)
+    labelled for it."""
+    uid, owners = job["metadata"]["uid"], meta.get("ownerReferences") or []
+    if any(ref.get("uid") == uid for ref in owners):
         return True
-    labels = meta.labels or {}
-    return not meta.owner_references and labels.get("app.kubernetes.io/managed-by") == "hvdk8s" \
+    labels = meta.get("labels") or {}
+    return not owners and labels.get("app.kubernetes.io/managed-by") == "hvdk8s" \
         and labels.get("hvdk8s.io/job") == job["metadata"]["name"]
 
 

@@ -13,6 +13,7 @@ file re-read and `--set` re-applied by each rank.
 
 The controller defaults to MPI: on 2 CPU ranks Gloo took 1.64x as long per step
 (`hvdk8s bench --only knobs`; about 1.5x in earlier measurements by hand). Rank 0's events are drawn as progress; other output passes through.
+With `--log-format json`, all of it is logged as JSON lines instead (`hvdk8s.logformat`).
 """
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hvdk8s import events, tuning
+from hvdk8s import events, logformat, metrics, tuning
 from hvdk8s.errors import UserError
 from hvdk8s.faults import stall_env
 from hvdk8s.launch import procs
+from hvdk8s.runfiles import horovod_env
 from hvdk8s.spec import JOB_ENV
 
 CONTROLLERS = ("mpi", "gloo")
@@ -171,20 +173,31 @@ def prepare_dataset(spec):
 
 
 def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
-        console=None, discovery_script: Optional[Path] = None) -> int:
+        console=None, discovery_script: Optional[Path] = None, log_format: str = logformat.DEFAULT_FORMAT) -> int:
     """Start the ranks on the validated `spec` (from the job file `source` in `job_dir`), draw rank 0's
-    progress, and return their exit status."""
-    from rich.console import Console
+    progress (or log it, with log_format "json"), and return their exit status."""
+    from hvdk8s.launch.base import FAILED, SUCCEEDED
 
-    console = console or Console()
+    view = view_for(log_format, spec.name, console)
     launcher = LocalLauncher(np, controller, resume, discovery_script)
     launcher.submit(spec, job_dir, source)
     # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
     watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
     try:
-        return _follow(launcher.proc, launcher.token, console, watchdog)
+        code = _follow(launcher.proc, launcher.token, view, watchdog)
     finally:
         launcher.delete(spec.name)  # ends nothing that has finished; removes the job file
+    view.exit(code, SUCCEEDED if code == 0 else FAILED)
+    return code
+
+
+def view_for(log_format: str, job: str, console=None):
+    """What shows a job's events and output: the progress view for people, JSON lines for log stacks."""
+    if log_format == "json":
+        return logformat.JsonLog(job)
+    from rich.console import Console
+
+    return _ProgressView(console or Console())
 
 
 class LocalLauncher:
@@ -201,12 +214,13 @@ class LocalLauncher:
         self._tmp: Optional[tempfile.TemporaryDirectory] = None
 
     def submit(self, spec, job_dir: Path, source: str) -> str:
-        from hvdk8s.spec import dump_job
+        from hvdk8s.spec import dump_job, with_backend_defaults
 
         if self.proc is not None:
             raise LaunchError(f"this launcher already runs job {self.name}")
         self._tmp = tempfile.TemporaryDirectory(prefix="hvdk8s-job-")
         job_file = Path(self._tmp.name) / "job.yaml"
+        spec = with_backend_defaults(spec, cluster=False)  # what the ranks see: metrics off unless asked for
         job_file.write_text(dump_job(spec), encoding="utf-8")
         check_np(spec, self.np)
         elastic = None
@@ -217,6 +231,8 @@ class LocalLauncher:
         env = environment(self.np, job_file=job_file, job_dir=job_dir,
                           stall_timeout=spec.training.stall_timeout_seconds)
         env[events.TOKEN_ENV] = self.token
+        env.update(horovod_env(spec))
+        env[metrics.ADDRESS_ENV] = "127.0.0.1"  # a local job's metrics stay on this machine
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      errors="replace", bufsize=1)  # ranks may print any bytes
         self.name = spec.name
@@ -267,11 +283,10 @@ class LocalLauncher:
             self._tmp = None
 
 
-def _follow(proc: subprocess.Popen, token: str, console, watchdog: Optional[int] = None) -> int:
+def _follow(proc: subprocess.Popen, token: str, view, watchdog: Optional[int] = None) -> int:
     """Draw rank 0's events from the running ranks `proc`; with `watchdog`, end the job when no event
     arrives for that many seconds once training started (a hung rank blocks rank 0 in a collective, and
     a frozen rank also blocks Horovod's own stall check, which runs between collectives)."""
-    view = _ProgressView(console)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
     launcher_errors = _LauncherTraceback()
@@ -283,7 +298,7 @@ def _follow(proc: subprocess.Popen, token: str, console, watchdog: Optional[int]
             except queue.Empty:
                 if watchdog and last_event is not None and time.monotonic() - last_event > watchdog:
                     view.close()
-                    return _stop_hung(proc, watchdog, cpu.idle_ranks(), console)
+                    return _stop_hung(proc, watchdog, cpu.idle_ranks(), view)
                 cpu.sample()
                 continue
             if line is None:
@@ -320,10 +335,10 @@ class _RankCPU:
         return sorted(r for r, used in moved.items() if used < 0.05 * busiest or used < 0.01)
 
 
-def _stop_hung(proc: subprocess.Popen, watchdog: int, idle: list[int], console) -> int:
+def _stop_hung(proc: subprocess.Popen, watchdog: int, idle: list[int], view) -> int:
     who = f"rank {', '.join(map(str, idle))} made no progress" if idle else "no rank could be singled out"
-    console.print(f"error: no progress from the ranks for {watchdog}s ({who}); stopping the job "
-                  "(training.stall_timeout_seconds)", markup=False, highlight=False, style="bold red")
+    view.fail(f"no progress from the ranks for {watchdog}s ({who}); stopping the job "
+              "(training.stall_timeout_seconds)")
     for pid in procs.descendants(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -364,6 +379,12 @@ class _ProgressView:
     def passthrough(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         self.console.file.flush()  # live through pipes too (`hvdk8s launch ... | tee log`)
+
+    def fail(self, message: str) -> None:
+        self.console.print("error: " + message, markup=False, highlight=False, style="bold red")
+
+    def exit(self, code: int, status: str, message: str = "") -> None:
+        """Nothing: for people the command says how a job ended, on stderr."""
 
     def show(self, event: dict) -> None:
         kind = event["event"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Optional
 
-from hvdk8s import events
+from hvdk8s import events, logformat
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
 _INT = r"\d+"
@@ -44,14 +44,18 @@ _TEXT_SHAPES: dict[str, tuple[re.Pattern, dict]] = {
                     epoch=int, epochs=int, loss=float, accuracy=_pct, test_loss=float, test_accuracy=_pct,
                     samples_per_s=float, seconds=float, loss_scale=float),
     "checkpoint": _shape(r"checkpoint (?P<path>\S.*)"),
+    "elastic": _shape(rf"elastic: the workers changed; (?P<ranks>{_INT}) ranks from epoch (?P<epoch>{_INT})"
+                      rf"(?:, (?P<unread>{_INT}) samples of it left)?", ranks=int, epoch=int, unread=int),
     "done": _shape(rf"done: test accuracy (?P<test_accuracy>{_NUM})% after (?P<epochs>{_INT}) epochs in "
                    rf"(?P<seconds>{_NUM})s \(parameters (?P<digest>\w+)\)",
                    test_accuracy=_pct, epochs=int, seconds=float),
+    "file": _shape(rf"(?P<what>{'|'.join(events.FILE_HOW)}): (?P<path>\S.*) "
+                   rf"\((?:{'|'.join(map(re.escape, events.FILE_HOW.values()))})\)"),
 }
 
 
 # mpirun --tag-output (and horovodrun) put the rank in front of its lines: `[1,0]<stdout>:`, `[0]<stdout>:`.
-_RANK_TAG = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+_RANK_TAG = logformat.RANK_TAG
 
 
 def text_event(line: str) -> Optional[dict[str, Any]]:
@@ -74,7 +78,12 @@ def show(lines: Iterable[str], console) -> None:
     """Draw a log: events through the local launch's progress view, every other line as it is."""
     from hvdk8s.launch.local import _ProgressView
 
-    view = _ProgressView(console)
+    draw(lines, _ProgressView(console))
+
+
+def draw(lines: Iterable[str], view) -> None:
+    """Each line of a log to `view`: rank 0's events to `show`, every other line to `passthrough`
+    (the progress view, or `hvdk8s.logformat.JsonLog`)."""
     try:
         for line in lines:
             event = event_of(line)

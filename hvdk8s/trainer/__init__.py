@@ -13,7 +13,8 @@ from hvdk8s.spec import JobSpec
 
 def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     """Train `spec` as one rank; returns the summary (test_accuracy, epochs, seconds, digest)."""
-    from hvdk8s.data.datasets import holding, open_splits
+    from hvdk8s.data.datasets import holding, last_sync, open_splits
+    from hvdk8s.runfiles import make_dirs
 
     from .elastic import run_elastic_epochs
     from .job import run_epochs
@@ -26,7 +27,11 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
             from .torch import TorchSteps as Steps
         else:
             from .tensorflow import KerasSteps as Steps
+        make_dirs()  # before Steps starts Horovod, which opens its timeline and autotune log then
         steps = Steps(spec, splits)
+        synced = last_sync(spec.dataset)
+        if synced is not None:
+            steps.metrics.cache(**synced)
         if spec.training.elastic is not None:
             return run_elastic_epochs(spec, steps, resume=resume)
         return run_epochs(spec, steps, steps.lr, resume=resume)

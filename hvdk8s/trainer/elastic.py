@@ -56,4 +56,7 @@ def run_elastic_epochs(spec: JobSpec, steps: Steps, *, resume: bool = True) -> d
             state.commit()
         return test_acc
 
-    return finish(spec, steps, report, began, train(state))
+    try:
+        return finish(spec, steps, report, began, train(state))
+    finally:
+        report.close()

@@ -14,6 +14,7 @@ import numpy as np
 from hvdk8s.checkpoint import check_writable
 from hvdk8s.errors import UserError
 from hvdk8s.events import Reporter
+from hvdk8s.runfiles import sinks, written
 from hvdk8s.schedule import lr_scale, warmup_lr
 from hvdk8s.spec import JobSpec
 
@@ -91,6 +92,7 @@ class Steps(Protocol):
     size: int
     steps_per_epoch: int
     compression: str  # as resolved: "fp16" or "none"
+    metrics: Any      # this rank's hvdk8s.metrics.Metrics (records nothing when metrics are off)
 
     def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]: ...
     def train_epoch(self, epoch: int, progress: Progress, order=None, commit=None) -> EpochStats: ...
@@ -98,6 +100,7 @@ class Steps(Protocol):
     def save(self, directory: str, epoch: int, keep: int, extra: dict) -> Optional[str]: ...
     def digest(self) -> str: ...
     def loss_scale(self) -> Optional[float]: ...  # fp16: the current dynamic loss scale
+    def learning_rate(self) -> float: ...  # the rate the trainer last set on the optimizer
     # Elastic training only (training.elastic): the framework's ElasticState and run_elastic, and
     # re-planning for the ranks there are after a change of workers.
     def elastic_state(self, **attrs: Any): ...
@@ -107,9 +110,10 @@ class Steps(Protocol):
 
 def begin(spec: JobSpec, steps: Steps, *, resume: bool, broadcast: bool = True) -> tuple[Reporter, int]:
     """Check the checkpoint directory, resume from it, and return rank 0's reporter and the first epoch
-    to train. broadcast=False (elastic): rank 0 alone reads the checkpoint; the state sync shares it."""
+    to train. broadcast=False (elastic): rank 0 alone reads the checkpoint; the state sync shares it.
+    The caller closes the reporter (its sinks: TensorBoard's file), whether training ends or fails."""
     t = spec.training
-    report = Reporter(enabled=steps.rank == 0)
+    report = Reporter(enabled=steps.rank == 0, sinks=sinks(spec))  # every rank: any may become rank 0 (elastic)
     if t.checkpoint.dir and steps.rank == 0:  # rank 0 writes them: fail now, not after an epoch
         problem = check_writable(t.checkpoint.dir)
         if problem:
@@ -138,7 +142,7 @@ def end_epoch(spec: JobSpec, steps: Steps, report: Reporter, epoch: int, stats: 
     scale = {"loss_scale": steps.loss_scale()} if t.precision == "fp16" else {}
     report.emit("epoch", epoch=epoch, epochs=t.epochs, loss=stats.loss, accuracy=stats.accuracy,
                 test_loss=test_loss, test_accuracy=test_acc, samples_per_s=stats.samples / seconds,
-                seconds=seconds, **scale)
+                seconds=seconds, lr=steps.learning_rate(), **scale)
     if checkpoint_due(t, epoch):
         path = steps.save(t.checkpoint.dir, epoch, t.checkpoint.keep, {"job": spec.name})
         if path is not None:
@@ -152,6 +156,8 @@ def finish(spec: JobSpec, steps: Steps, report: Reporter, began: float, test_acc
     summary = {"test_accuracy": test_acc, "epochs": spec.training.epochs, "seconds": time.perf_counter() - began,
                "digest": steps.digest()}
     report.emit("done", **summary)
+    for what, path in written(spec).items():  # where to look, last
+        report.emit("file", what=what, path=path)
     return summary
 
 
@@ -159,14 +165,17 @@ def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = Tr
     """Resume, train the remaining epochs, evaluate, checkpoint; report every event on rank 0.
     Returns the summary (test_accuracy, epochs, seconds, digest)."""
     report, start_epoch = begin(spec, steps, resume=resume)
-    announce(spec, steps, lr, report, start_epoch)
-    began = time.perf_counter()
-    test_acc = math.nan
-    for epoch in range(start_epoch, spec.training.epochs + 1):
-        epoch_began = time.perf_counter()
-        stats = steps.train_epoch(epoch, Progress(report, epoch, steps.steps_per_epoch))
-        test_acc = end_epoch(spec, steps, report, epoch, stats, time.perf_counter() - epoch_began)
-    return finish(spec, steps, report, began, test_acc)
+    try:
+        announce(spec, steps, lr, report, start_epoch)
+        began = time.perf_counter()
+        test_acc = math.nan
+        for epoch in range(start_epoch, spec.training.epochs + 1):
+            epoch_began = time.perf_counter()
+            stats = steps.train_epoch(epoch, Progress(report, epoch, steps.steps_per_epoch))
+            test_acc = end_epoch(spec, steps, report, epoch, stats, time.perf_counter() - epoch_began)
+        return finish(spec, steps, report, began, test_acc)
+    finally:
+        report.close()
 
 
 def build_model(spec: JobSpec, info: dict[str, Any]):

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 import hvdk8s.tensorflow as htf
-from hvdk8s.data.sharding import step_counts, unread_after
+from hvdk8s.data.sharding import part_bounds, step_counts, unread_after
 from hvdk8s.data.tensorflow import sharded_dataset
 from hvdk8s.spec import JobSpec
 
@@ -62,6 +62,7 @@ class KerasSteps:
         t = self.training = spec.training
         htf.init()
         self.rank, self.size = htf.rank(), htf.size()
+        self.metrics = htf.metrics(job=spec)
         keras.utils.set_random_seed(t.seed)
         htf.set_precision(t.precision)  # before the model is built: layers take the policy then
         info = splits["train"].info
@@ -84,7 +85,7 @@ class KerasSteps:
         # Broadcast once, metrics averaged, ours last. Elastic: the state's sync is the broadcast (a
         # joining worker's first fit must not start one the others would not join).
         first = htf.callbacks() if t.elastic is None else [htf.MetricAverage()]
-        self.fit_callbacks = [*first, self.callbacks]
+        self.fit_callbacks = [*first, self.callbacks, htf.MetricsCallback(self._rank_samples, self.metrics)]
         self.commit, self.commit_every = None, t.elastic.commit_every_steps if t.elastic else 0
         self.steps_read = 0
 
@@ -102,6 +103,12 @@ class KerasSteps:
     def reshard(self) -> None:
         self.rank, self.size = htf.rank(), htf.size()
         self._plan_ranks()
+
+    def _rank_samples(self, batch: int) -> int:
+        """Samples in this rank's `batch` of the current pass (its contiguous part of the pass's order,
+        cut into batches; see hvdk8s.data.sharding)."""
+        start, stop = part_bounds(int(self.epoch_counts.sum()), self.rank, self.size)
+        return max(0, min(self.training.batch_size, stop - start - batch * self.training.batch_size))
 
     def elastic_state(self, **attrs: Any) -> htf.ElasticState:
         return htf.ElasticState(self.model, self.optimizer, **attrs)
@@ -159,3 +166,6 @@ class KerasSteps:
     def loss_scale(self) -> Optional[float]:
         scale = getattr(self.optimizer, "dynamic_scale", None)  # a LossScaleOptimizer's, once built
         return None if scale is None else float(np.asarray(scale))
+
+    def learning_rate(self) -> float:
+        return float(np.asarray(self.optimizer.learning_rate))  # a LossScaleOptimizer's is its inner one's

@@ -71,6 +71,9 @@ class Sums:
     def mean_loss(self) -> float:
         return float(self.on_device[0]) / max(self.samples, 1)
 
+    def accuracy(self) -> float:
+        return float(self.on_device[1]) / max(self.counted, 1)
+
     def allreduce(self, name: str) -> list[float]:
         """[loss, correct, counted, samples] summed over ranks."""
         loss, correct = self.on_device.tolist()
@@ -83,6 +86,7 @@ class TorchSteps:
         t = self.training = spec.training
         ht.init()
         self.rank, self.size = ht.rank(), ht.size()
+        self.metrics = ht.metrics(job=spec)
         dev = ht.device()
         torch.manual_seed(t.seed)
         self.model = build_model(spec, splits["train"].info).to(dev)
@@ -149,7 +153,9 @@ class TorchSteps:
         opt_steps = (epoch - 1) * per_epoch + round(read / len(self.train_loader.dataset) * per_epoch)
         every = t.elastic.commit_every_steps * k if commit is not None else 0
         done = 0
-        for i, batch in enumerate(self.train_loader):
+        metrics = self.metrics
+        metrics.begin_epoch(epoch)
+        for i, batch in enumerate(metrics.timed(self.train_loader)):
             if i % k == 0:
                 group_total = int(counts[i:i + k].sum())
                 for group in optimizer.param_groups:
@@ -169,6 +175,7 @@ class TorchSteps:
                 if every and (i + 1) % every == 0 and i + 1 < len(counts):
                     commit(unread_after(self.train_loader.epoch_order(), self.size, t.batch_size, i + 1))
             done += batch.global_count
+            metrics.step(len(batch.x), loss=sums.mean_loss, accuracy=sums.accuracy)
             progress.step(i + 1, done, sums.mean_loss)
         loss_sum, correct, counted, samples = sums.allreduce("hvdk8s.train_metrics")
         return EpochStats(loss_sum / max(samples, 1), correct / max(counted, 1), int(samples))
@@ -191,3 +198,6 @@ class TorchSteps:
 
     def loss_scale(self) -> Optional[float]:
         return None if self.scaler is None else float(self.scaler.get_scale())
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])

@@ -90,7 +90,7 @@ class Cluster:
     def delete_crd(self, name: str = f"{PLURAL}.{GROUP}") -> None:
         self.kubectl("delete", "crd", name, "--ignore-not-found", "--wait", "--timeout", "60s")
         for _ in range(120):  # gone from discovery too
-            if self.kubectl("get", f"{PLURAL}.{GROUP}", "-A", check=False).returncode != 0:
+            if self.kubectl("get", name, "-A", check=False).returncode != 0:
                 return
             time.sleep(0.25)
 

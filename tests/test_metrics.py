@@ -1,0 +1,182 @@
+"""Prometheus metrics: each rank's series, served per node by its first rank, scraped by a real
+Prometheus server (Debian's package, installed by scripts/setup.sh) from real 2-rank jobs."""
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import DIGITS_JOB, cli, rank_results, run_ranks
+from hvdk8s import metrics
+from hvdk8s.data import cache
+from hvdk8s.data.cache.layout import DatasetDir
+from test_cache_launch import digits_over_http  # noqa: F401  (a fixture: digits served over HTTP)
+
+pytestmark = pytest.mark.ranks
+SCRAPE_S = 0.5
+
+
+def free_port(span: int = 1) -> int:
+    """A port p with p..p+span-1 free now (the node's ranks use port + local rank)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + span <= 65535 and all(_free(p + i) for i in range(1, span)):
+            return p
+    raise RuntimeError("no free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_users_script_serves_both_ranks_on_the_first_ranks_port(tmp_path):
+    port = free_port(2)
+    run_ranks("metrics_rank.py", tmp_path, port)
+    scraped = rank_results(tmp_path)[0]["samples"]
+    for r in ("0", "1"):
+        assert scraped["hvdk8s_steps_total"][r + "|"] == 5
+        assert scraped["hvdk8s_samples_total"][r + "|"] == 5 * (4 + int(r))
+        assert scraped["hvdk8s_step_seconds_count"][r + "|"] == 5
+        assert scraped["hvdk8s_step_seconds_bucket"][r + "|+Inf"] == 5
+        assert scraped["hvdk8s_loss"][r + "|"] == 0.25 + int(r)
+        assert scraped["hvdk8s_epoch"][r + "|"] == 1
+        assert scraped["hvdk8s_allreduce_wait_seconds_total"][r + "|"] > 0  # distribute's synchronize, timed
+        assert scraped["hvdk8s_data_wait_seconds_total"][r + "|"] >= 0
+        assert 0 <= scraped["hvdk8s_seconds_since_checkpoint"][r + "|"] < 60
+    assert set(scraped) <= metrics.exported_names()
+
+
+def test_the_last_sync_of_a_cached_dataset_is_recorded_for_the_ranks(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}").write_bytes(b"x" * (10 + i))
+    first = cache.sync(str(src), tmp_path / "cache")
+    assert DatasetDir(tmp_path / "cache", first.key).read_last_sync() == {"files_hit": 0, "files_missed": 3,
+                                                                         "bytes_copied": 33}
+    (src / "f0").write_bytes(b"y" * 5)
+    cache.sync(str(src), tmp_path / "cache")
+    assert DatasetDir(tmp_path / "cache", first.key).read_last_sync() == {"files_hit": 2, "files_missed": 1,
+                                                                         "bytes_copied": 5}
+
+
+def test_a_metrics_port_in_use_stops_the_job_naming_the_field(job_file):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        run = cli("launch", "--local", "-np", "2",
+                  job_file({"observability": {"metrics": {"enabled": True, "port": port}},
+                            "training": {"epochs": 1}}), timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "observability.metrics.port" in out and str(port) in out
+    assert "Traceback" not in out
+
+
+# --- a real Prometheus ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """Prometheus on loopback, scraping one metrics port (the jobs' first rank) every SCRAPE_S seconds."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not installed: scripts/setup.sh installs Debian's package")
+        pytest.skip("prometheus is not installed: scripts/setup.sh installs Debian's package")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    target, web = free_port(2), free_port()
+    every = f"{round(SCRAPE_S * 1000)}ms"  # Prometheus durations are whole numbers of a unit
+    config = {"global": {"scrape_interval": every, "scrape_timeout": every},
+              "scrape_configs": [{"job_name": "hvdk8s", "static_configs": [{"targets": [f"127.0.0.1:{target}"]}]}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = open(tmp / "prometheus.log", "w")
+    proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=subprocess.STDOUT)
+    api = f"http://127.0.0.1:{web}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{api}/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        assert proc.poll() is None, (tmp / "prometheus.log").read_text()
+        assert time.monotonic() < deadline, "Prometheus was not ready within 60 s"
+        time.sleep(0.2)
+    yield api, target
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+
+
+def query(api: str, promql: str) -> list[dict]:
+    url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def by_rank(result: list[dict]) -> dict[str, float]:
+    return {s["metric"]["rank"]: float(s["value"][1]) for s in result}
+
+
+def launch_scraped(job: dict, tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    run = cli("launch", "--local", "-np", "2", path, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    time.sleep(2 * SCRAPE_S)  # the last scrapes land
+    return run
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_prometheus_scrapes_samples_per_second_loss_and_step_time_of_each_rank(prometheus, framework, tmp_path,
+                                                                                digits_over_http):  # noqa: F811
+    api, port = prometheus
+    name = f"digits-{framework}"
+    job = yaml.safe_load(DIGITS_JOB.read_text())
+    job.update(name=name, framework=framework,
+               observability={"metrics": {"enabled": True, "port": port},
+                              "dir": str(tmp_path / "run")})
+    env = None
+    if framework == "pytorch":  # a cached dataset: the ranks also export what the node's sync did
+        job["dataset"] = {"path": digits_over_http[0], "version": "v1"}
+        env = {"HVDK8S_CACHE_DIR": str(tmp_path / "cache")}
+    job["training"]["epochs"] = 12 if framework == "pytorch" else 4  # a few seconds of training: many scrapes
+    launch_scraped(job, tmp_path, env)
+    sel, window = f'{{hvdk8s_job="{name}"}}', "[10m]"
+
+    throughput = by_rank(query(api, f"max_over_time(hvdk8s_samples_per_second{sel}{window})"))
+    assert set(throughput) == {"0", "1"} and all(v > 0 for v in throughput.values()), throughput
+    loss = by_rank(query(api, f"last_over_time(hvdk8s_loss{sel}{window})"))
+    assert set(loss) == {"0", "1"} and all(0 < v < 3 and math.isfinite(v) for v in loss.values()), loss
+    steps = by_rank(query(api, f"max_over_time(hvdk8s_step_seconds_count{sel}{window})"))
+    assert set(steps) == {"0", "1"} and all(v > 0 for v in steps.values()), steps
+    step_time = by_rank(query(api, f"max_over_time(hvdk8s_step_seconds_sum{sel}{window}) / "
+                                   f"max_over_time(hvdk8s_step_seconds_count{sel}{window})"))
+    assert all(0 < v < 5 for v in step_time.values()), step_time
+    # Every rank reads half the samples of an epoch (1437 training digits): never more than that.
+    seen = by_rank(query(api, f"max_over_time(hvdk8s_samples_total{sel}{window})"))
+    assert all(0 < v <= 719 * job["training"]["epochs"] for v in seen.values()), seen
+    if framework == "pytorch":
+        waits = by_rank(query(api, f"max_over_time(hvdk8s_allreduce_wait_seconds_total{sel}{window})"))
+        assert set(waits) == {"0", "1"} and all(v > 0 for v in waits.values()), waits
+        missed = by_rank(query(api, f"max_over_time(hvdk8s_cache_files_missed{sel}{window})"))
+        assert set(missed) == {"0", "1"} and all(v > 0 for v in missed.values()), missed
