@@ -204,9 +204,10 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
             raise UserError(f"--discovery-script: {problem}")
         discovery_script = discovery_script.resolve()
     local_launch.check_np(spec, np)  # before a dataset sync, not after it
-    from hvdk8s.preflight import check_checkpoint_dir
+    from hvdk8s.preflight import check_checkpoint_dir, check_metrics_ports
 
     check_checkpoint_dir(spec, job)
+    check_metrics_ports(spec, np, job)
     try:
         local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
     except CacheError as e:

@@ -220,6 +220,24 @@ class _Node:
         return list(families.values())
 
 
+def unusable_port(port: int, local_ranks: int, host: str = "127.0.0.1") -> Optional[str]:
+    """Why the ports a node's `local_ranks` ranks serve on (port + local rank) cannot all be bound on
+    `host` now, or None."""
+    import socket
+
+    if port + local_ranks - 1 > 65535:
+        return f"{port} + {local_ranks - 1} (the last rank's place on its node) is past 65535; choose a lower port"
+    for p in range(port, port + local_ranks):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server binds: a closed
+            try:                                                     # scrape's TIME_WAIT is no conflict
+                s.bind((host, p))
+            except OSError as e:
+                return (f"port {p} on {host} is in use ({e.strerror or e}); rank i of a node serves on port + i: "
+                        "choose another port")
+    return None
+
+
 _current = Metrics(enabled=False)
 _lock = threading.Lock()
 

@@ -19,6 +19,18 @@ def check_checkpoint_dir(spec: JobSpec, source: str) -> None:
             raise JobFileError(source, [("training.checkpoint.dir", problem)])
 
 
+def check_metrics_ports(spec: JobSpec, np: int, source: str) -> None:
+    """A local job with metrics on: its ranks' ports are free here (else the first rank fails after the
+    others started, and they fail in their first collective)."""
+    from hvdk8s import metrics
+
+    m = spec.observability.metrics
+    if m.enabled:
+        problem = metrics.unusable_port(m.port, np)
+        if problem:
+            raise JobFileError(source, [("observability.metrics.port", problem)])
+
+
 def check_code(spec: JobSpec, job_dir: Path, source: str) -> None:
     """Import and call the job's factories the way a rank will (building the model once, so the job's
     framework must be installed), and read a carried entrypoint script; JobFileError naming the field."""

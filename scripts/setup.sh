@@ -47,8 +47,7 @@ fi
 # --- 2. virtual environment ---------------------------------------------------------------------
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
 VPY=$VENV/bin/python
-# --no-compile: Python compiles what it imports on first use; compiling all of TensorFlow up front
-# would cost more than the rest of a cached set-up.
+# --no-compile here; everything installed is compiled once at the end (see there).
 pip_install() { "$VPY" -m pip install -q --no-compile --disable-pip-version-check -c "$CONSTRAINTS" "$@"; }
 
 # Everything below is skipped when nothing it depends on changed since the last set-up.
@@ -135,6 +134,12 @@ if missing:
     raise SystemExit("Horovod built without: " + ", ".join(missing))
 print(f"horovod {horovod.__version__}, torch {torch.__version__}, tensorflow {tf.__version__}")
 '
+# Bytecode for everything installed, once: Python would write it on first import, but not where
+# PYTHONDONTWRITEBYTECODE is set (as on some CI machines), and then every rank compiled torch again at
+# each start (import torch 6.2 s instead of 2.6 s; a 2-rank digits launch 18.8 s instead of 9.0 s).
+# Measured here: 55 s on 2 cores, once per set-up.
+say "compiling the installed packages' bytecode"
+"$VPY" -m compileall -q -j 0 "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 versions=$(TF_CPP_MIN_LOG_LEVEL=3 "$VPY" -c "$check_build") || die "Horovod is installed but lacks a required part (see above)"
 echo "$stamp_key" >"$stamp"
 say "ready in ${SECONDS}s: $VENV ($versions)"

@@ -17,7 +17,9 @@ from conftest import DIGITS_JOB, cli, rank_results, run_ranks
 from hvdk8s import metrics
 from hvdk8s.data import cache
 from hvdk8s.data.cache.layout import DatasetDir
+from hvdk8s.launch import logview
 from test_cache_launch import digits_over_http  # noqa: F401  (a fixture: digits served over HTTP)
+from test_observability_files import EPOCHS, check_epoch_scalars
 
 pytestmark = pytest.mark.ranks
 SCRAPE_S = 0.5
@@ -83,9 +85,9 @@ def test_a_metrics_port_in_use_stops_the_job_naming_the_field(job_file):
                   job_file({"observability": {"metrics": {"enabled": True, "port": port}},
                             "training": {"epochs": 1}}), timeout=120)
     out = run.stdout + run.stderr
-    assert run.returncode != 0
-    assert "observability.metrics.port" in out and str(port) in out
-    assert "Traceback" not in out
+    assert run.returncode == 2  # refused before any rank starts
+    assert "observability.metrics.port" in out and str(port) in out and "in use" in out
+    assert "Traceback" not in out and "epoch 1" not in out
 
 
 # --- a real Prometheus ----------------------------------------------------------------------------
@@ -137,13 +139,31 @@ def by_rank(result: list[dict]) -> dict[str, float]:
     return {s["metric"]["rank"]: float(s["value"][1]) for s in result}
 
 
-def launch_scraped(job: dict, tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
+def launch_scraped(job: dict, tmp_path, env: dict | None = None) -> tuple[float, float, str]:
+    """Run the job on 2 local ranks; returns when it ran (Unix times) and its output."""
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
+    began = time.time()
     run = cli("launch", "--local", "-np", "2", path, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     time.sleep(2 * SCRAPE_S)  # the last scrapes land
-    return run
+    return began, time.time(), run.stdout
+
+
+def dashboard_exprs() -> list[str]:
+    import importlib.resources
+
+    board = json.loads((importlib.resources.files("hvdk8s") / "dashboards" / "hvdk8s-training.json").read_text())
+    return [t["expr"] for p in board["panels"] for t in p["targets"]]
+
+
+def query_range(api: str, promql: str, began: float, ended: float) -> list[dict]:
+    url = f"{api}/api/v1/query_range?" + urllib.parse.urlencode(
+        {"query": promql, "start": began, "end": ended, "step": SCRAPE_S})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", (promql, body)
+    return body["data"]["result"]
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
@@ -159,8 +179,16 @@ def test_prometheus_scrapes_samples_per_second_loss_and_step_time_of_each_rank(p
     if framework == "pytorch":  # a cached dataset: the ranks also export what the node's sync did
         job["dataset"] = {"path": digits_over_http[0], "version": "v1"}
         env = {"HVDK8S_CACHE_DIR": str(tmp_path / "cache")}
-    job["training"]["epochs"] = 12 if framework == "pytorch" else 4  # a few seconds of training: many scrapes
-    launch_scraped(job, tmp_path, env)
+    if framework == "tensorflow":  # one launch for two checks: TensorBoard's scalars of a Keras run too
+        job["observability"]["tensorboard"] = True
+        job["training"].update(epochs=EPOCHS, warmup_epochs=2)
+    else:
+        job["training"]["epochs"] = 12  # a few seconds of training: many scrapes
+    began, ended, out = launch_scraped(job, tmp_path, env)
+    if framework == "tensorflow":
+        run_dir = tmp_path / "run"
+        check_epoch_scalars(run_dir, [e for e in map(logview.event_of, out.splitlines()) if e is not None])
+        assert sorted(p.name for p in run_dir.iterdir()) == ["tensorboard"]  # nothing it was not asked for
     sel, window = f'{{hvdk8s_job="{name}"}}', "[10m]"
 
     throughput = by_rank(query(api, f"max_over_time(hvdk8s_samples_per_second{sel}{window})"))
@@ -180,3 +208,9 @@ def test_prometheus_scrapes_samples_per_second_loss_and_step_time_of_each_rank(p
         assert set(waits) == {"0", "1"} and all(v > 0 for v in waits.values()), waits
         missed = by_rank(query(api, f"max_over_time(hvdk8s_cache_files_missed{sel}{window})"))
         assert set(missed) == {"0", "1"} and all(v > 0 for v in missed.values()), missed
+        # Grafana's dashboard, as Grafana would ask for it over the run: every panel's query is valid
+        # PromQL and draws something.
+        for expr in dashboard_exprs():
+            promql = expr.replace("$job", name).replace("$__rate_interval", "2s")
+            series = query_range(api, promql, began, ended)
+            assert any(not math.isnan(float(v)) for s in series for _, v in s["values"]), promql

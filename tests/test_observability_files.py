@@ -111,11 +111,7 @@ def test_the_autotune_log_and_the_pointers(torch_run):
     assert [e["event"] for e in events[-4:]] == ["done", "file", "file", "file"]  # the pointers come last
 
 
-@pytest.mark.ranks
-def test_a_keras_run_writes_the_same_scalars(tmp_path):
-    run_dir, _, events = launch(tmp_path, "tensorflow", tensorboard=True)
-    check_epoch_scalars(run_dir, events)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["tensorboard"]  # nothing it was not asked for
+# A Keras run's scalars: tests/test_metrics.py's TensorFlow launch (metrics and TensorBoard in one run).
 
 
 def test_progress_reports_are_steps_and_a_resume_adds_to_the_run(tmp_path):
