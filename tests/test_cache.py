@@ -283,7 +283,7 @@ def test_s3_settings_from_the_environment_through_the_cli(tmp_path, s3_bucket, s
 
 # -- killed at any instant ------------------------------------------------------------------------------------
 
-KILL_TRIALS = 15
+KILL_TRIALS = 10
 
 
 def kill_tree() -> dict[str, int]:
