@@ -141,7 +141,8 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
             click.echo(f"  follow it: hvdk8s logs -f {name} -n {ns}\n  its state: hvdk8s status {name} -n {ns}"
                        f"\n  wait:      hvdk8s wait {name} -n {ns}\n  remove it: hvdk8s delete {name} -n {ns}")
         return 0
-    final = launcher.wait(name, timeout, on_change=_log_phase(log) if log else None if output else _say_phase)
+    on_change = _log_phase(log) if log else _say_phase if output is None else None  # -o: one document at the end
+    final = launcher.wait(name, timeout, on_change=on_change)
     if output:
         _emit({"name": name, "namespace": ns, "context": launcher.conn.context, "created": made,
                "status": final.to_dict()}, output)

@@ -63,7 +63,7 @@ class Metrics:
         self.enabled = enabled
         self.registry = None
         self.server = None
-        self._began = self._mark = self._last_gauges = time.perf_counter()
+        self._mark = self._last_gauges = time.perf_counter()
         self._since_checkpoint = time.time()
         self._samples_at_gauges = 0
         self._samples = 0
