@@ -163,7 +163,11 @@ def _check_job_file(tmp_path: Path, example: str, content: bytes) -> None:
         rendered = _run("job files: render -o", "render", path, "-o", out)
         if rendered.exit_code == 0:
             assert checked.exit_code == 0, f"render took what validate refused:\n{checked.stderr}"
-            assert sorted(p.name for p in out.iterdir()) == ["configmap.yaml", "kustomization.yaml", "mpijob.yaml"]
+            written = sorted(p.name for p in out.iterdir())  # a PodMonitor too, where the job asks for one
+            assert written in (["configmap.yaml", "kustomization.yaml", "mpijob.yaml"],
+                               ["configmap.yaml", "kustomization.yaml", "mpijob.yaml", "podmonitor.yaml"]), written
+            listed = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
+            assert sorted(listed) == [f for f in written if f != "kustomization.yaml"]
         else:
             assert _names_its_input(rendered, path, out), rendered.stderr
             assert not out.exists() or not any(out.iterdir()), sorted(out.iterdir())

@@ -371,6 +371,7 @@ BROKEN = [
     ("generate-name-too-long", {"metadata.name": DELETE, "metadata.generateName": "a" * 50 + "-"},
      "metadata.generateName", "DNS-1035"),
     ("restart-policy-bogus", {f"{LAUNCHER}.restartPolicy": "Sometimes"}, f"{LAUNCHER}.restartPolicy", "Never"),
+    ("labels-not-a-map", {"metadata.labels": "app=pi"}, "metadata.labels", "expected object"),  # was a traceback
 ]
 
 
