@@ -132,7 +132,7 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     from hvdk8s import trainer
     from hvdk8s.data.datasets import dataset_root
     from hvdk8s.factories import importable_from
-    from hvdk8s.rankmain import line_buffered_stdout
+    from hvdk8s.rankmain import exit_at_once, line_buffered_stdout
 
     line_buffered_stdout()  # whole lines through mpirun, events included
     spec = _load(job, overrides)
@@ -142,6 +142,7 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
         dataset_root(spec.dataset)  # before Horovod starts: a missing dataset is the user's to fix
     with importable_from(Path(job).parent):  # factories beside a job file run by hand
         trainer.run(spec, resume=resume)
+    exit_at_once(0)
 
 
 @cli.command()
