@@ -39,47 +39,25 @@ def pytest_testnodedown(node, error) -> None:
         FUZZ_TALLY[target].update(counts)
 
 
-# Under `pytest -n N --dist loadgroup` (scripts/test.sh), the files whose tests start Horovod ranks (the
-# `ranks` mark) run one test at a time on one worker, as they would alone: each uses every core, and some
-# bound how long a rank may take to die. The API server's tests share another worker, and so one server.
-# Every other test goes to whichever worker is free. (Grouped by file here: xdist 3.8's xdist_group mark
-# has no effect under pytest 9, which keeps a test's id where xdist no longer writes the group into it.)
-RANK_FILES = {f"tests/{name}.py" for name in (
-    "test_bench", "test_cache_launch", "test_cluster_protocol", "test_collectives", "test_elastic",
-    "test_examples", "test_launch", "test_log_format", "test_metrics", "test_observability_files",
-    "test_precision", "test_resume", "test_tensorflow", "test_user_code")}
-CLUSTER_FILES = {"tests/test_cluster_failures.py", "tests/test_cluster_launch.py", "tests/test_cluster_logs.py"}
-
-
-def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: 'ranks', 'cluster', or the test itself."""
-    path = nodeid.split("::", 1)[0]
-    return "ranks" if path in RANK_FILES else "cluster" if path in CLUSTER_FILES else nodeid
-
-
-@pytest.hookimpl(optionalhook=True)  # xdist's hook
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: tests that start ranks one at a time (tests/workgroups.py)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class ByGroup(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
+    import workgroups
 
-    return ByGroup(config, log)
+    class ByWorkUnit(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return workgroups.work_unit(nodeid, config.rootpath)
+
+    return ByWorkUnit(config, log)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """A test that starts ranks, or uses the API server, in a file the groups above do not name would
-    run beside others unnoticed: stop the run instead."""
-    for item in items:
-        group = work_unit(item.nodeid)
-        if item.get_closest_marker("ranks") and group != "ranks":
-            raise pytest.UsageError(f"{item.nodeid} is marked `ranks`: add its file to RANK_FILES in tests/conftest.py")
-        if "cluster" in item.fixturenames and group not in ("ranks", "cluster"):
-            raise pytest.UsageError(f"{item.nodeid} uses the API server: add its file to CLUSTER_FILES in "
-                                    "tests/conftest.py")
+    import workgroups
+
+    workgroups.check(items, config.rootpath)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

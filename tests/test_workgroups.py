@@ -1,0 +1,84 @@
+"""The suite's split among xdist workers (tests/workgroups.py) follows the marks and fixtures of each test."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import workgroups
+
+
+def _write(tmp_path, name: str, source: str) -> str:
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    (tmp_path / "tests" / name).write_text(textwrap.dedent(source))
+    return f"tests/{name}"
+
+
+def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
+    some = _write(tmp_path, "test_some.py", """\
+        import pytest
+
+        @pytest.mark.ranks
+        @pytest.mark.parametrize("x", [1, 2])
+        def test_starts_ranks(x): ...
+
+        def test_takes_the_server(namespace): ...
+
+        def test_plain(tmp_path): ...
+    """)
+    whole = _write(tmp_path, "test_whole.py", """\
+        import pytest
+        pytestmark = [pytest.mark.ranks]
+
+        def test_anything(cluster): ...
+    """)
+    assert workgroups.work_unit(f"{some}::test_starts_ranks[1]", tmp_path) == "ranks"
+    assert workgroups.work_unit(f"{some}::test_takes_the_server", tmp_path) == "cluster"
+    assert workgroups.work_unit(f"{some}::test_plain", tmp_path) == f"{some}::test_plain"
+    assert workgroups.work_unit(f"{whole}::test_anything", tmp_path) == "ranks"
+
+
+def test_a_file_it_cannot_read_leaves_each_test_on_its_own(tmp_path):
+    broken = _write(tmp_path, "test_broken.py", "def test_x(:\n")
+    assert workgroups.work_unit(f"{broken}::test_x", tmp_path) == f"{broken}::test_x"
+    assert workgroups.work_unit("tests/test_absent.py::test_y", tmp_path) == "tests/test_absent.py::test_y"
+
+
+def test_a_mark_or_fixture_it_cannot_see_stops_the_run(tmp_path):
+    """A real collection (pytest in a process of its own) whose conftest checks as ours does."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""\
+        import pytest
+        import workgroups
+
+        @pytest.fixture
+        def cluster(): ...
+
+        @pytest.fixture
+        def launched(cluster): ...
+
+        def pytest_collection_modifyitems(config, items):
+            workgroups.check(items, config.rootpath)
+    """))
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    ranks: starts ranks\n")
+    (tmp_path / "test_marked.py").write_text(textwrap.dedent("""\
+        import pytest
+        RANKS = pytest.mark.ranks
+
+        @RANKS
+        def test_marked_by_name(): ...
+    """))
+    (tmp_path / "test_server.py").write_text("def test_server_through_another_fixture(launched): ...\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(workgroups.__file__).parent)}
+
+    def collect(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "-p", "no:xdist", name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    marked = collect("test_marked.py")
+    assert marked.returncode != 0 and "test_marked_by_name is marked `ranks`" in marked.stdout + marked.stderr
+    server = collect("test_server.py")
+    assert server.returncode != 0 and "uses the API server" in server.stdout + server.stderr
