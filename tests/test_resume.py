@@ -50,6 +50,7 @@ def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
     assert final_digest(again) == final_digest(first)
 
 
+@pytest.mark.one_rank
 def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkpoint(job_file, tmp_path):
     """6 launches killed with SIGKILL (the launcher's whole process group, as a terminal's or a CI
     runner's kill does) at random moments, mid-epoch or mid-write: no rank outlives its launcher, each

@@ -26,6 +26,10 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
         @pytest.mark.parametrize("x", [1, 2])
         def test_starts_ranks(x): ...
 
+        @pytest.mark.ranks
+        @pytest.mark.one_rank
+        def test_starts_one_rank(): ...
+
         def test_takes_the_server(namespace): ...
 
         def test_plain(tmp_path): ...
@@ -37,6 +41,7 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
         def test_anything(cluster): ...
     """)
     assert workgroups.work_unit(f"{some}::test_starts_ranks[1]", tmp_path) == "ranks"
+    assert workgroups.work_unit(f"{some}::test_starts_one_rank", tmp_path) == f"{some}::test_starts_one_rank"
     assert workgroups.work_unit(f"{some}::test_takes_the_server", tmp_path) == "cluster"
     assert workgroups.work_unit(f"{some}::test_plain", tmp_path) == f"{some}::test_plain"
     assert workgroups.work_unit(f"{whole}::test_anything", tmp_path) == "ranks"

@@ -1,7 +1,8 @@
 """How `pytest -n N --dist loadgroup` (scripts/test.sh) shares the suite among its workers.
 
 - Tests marked `ranks` start real Horovod ranks: each uses every core, and some bound how long a rank
-  may take to die. They run one at a time, on one worker, as they would alone (work unit "ranks").
+  may take to die. They run one at a time, on one worker, as they would alone (work unit "ranks"),
+  except those also marked `one_rank`: one rank uses one core, so they may run beside the others.
 - Tests that take the API server (`cluster`, `own_cluster`, `namespace`) share one worker, and so one
   server (work unit "cluster").
 - Every other test goes to whichever worker is free.
@@ -21,19 +22,23 @@ CLUSTER_FIXTURES = frozenset({"cluster", "own_cluster", "namespace"})
 
 
 @functools.lru_cache(maxsize=None)
-def _read(path: Path) -> tuple[bool, frozenset[str], frozenset[str]]:
-    """(the module is marked `ranks`, its test functions marked `ranks`, those taking the API server)."""
+def _read(path: Path) -> tuple[bool, frozenset[str], frozenset[str], frozenset[str]]:
+    """(the module is marked `ranks`, its test functions marked `ranks`, those marked `one_rank`, those
+    taking the API server)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     whole = any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
                 and "mark.ranks" in ast.unparse(node.value) for node in tree.body)
-    ranks, cluster = set(), set()
+    ranks, one_rank, cluster = set(), set(), set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-            if any(ast.unparse(d).endswith("mark.ranks") for d in node.decorator_list):
+            marks = {ast.unparse(d).rsplit(".", 1)[-1] for d in node.decorator_list}
+            if "ranks" in marks:
                 ranks.add(node.name)
+            if "one_rank" in marks:
+                one_rank.add(node.name)
             if CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
                 cluster.add(node.name)
-    return whole, frozenset(ranks), frozenset(cluster)
+    return whole, frozenset(ranks), frozenset(one_rank), frozenset(cluster)
 
 
 def work_unit(nodeid: str, rootdir: Path) -> str:
@@ -41,8 +46,10 @@ def work_unit(nodeid: str, rootdir: Path) -> str:
     path, _, rest = nodeid.partition("::")
     function = rest.split("[", 1)[0]
     try:
-        whole, ranks, cluster = _read(rootdir / path)
+        whole, ranks, one_rank, cluster = _read(rootdir / path)
     except (OSError, SyntaxError):
+        return nodeid
+    if function in one_rank:
         return nodeid
     if whole or function in ranks:
         return "ranks"
@@ -55,7 +62,8 @@ def check(items, rootdir: Path) -> None:
 
     for item in items:
         unit = work_unit(item.nodeid, rootdir)
-        if item.get_closest_marker("ranks") and unit != "ranks":
+        if item.get_closest_marker("ranks") and unit != "ranks" and not (
+                item.get_closest_marker("one_rank") and unit == item.nodeid):
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
         if "cluster" in item.fixturenames and unit not in ("ranks", "cluster"):
