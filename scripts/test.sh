@@ -9,7 +9,8 @@ cd "$ROOT"
 # Two or more workers (pytest-xdist): tests that start Horovod ranks run one at a time on one of them, the
 # rest beside them (tests/workgroups.py); on an idle 2-core machine 40% of the cores sat idle in a
 # serial run. HVDK8S_TEST_WORKERS=0 runs everything in this one process.
-workers=${HVDK8S_TEST_WORKERS:-$(( $(nproc) < 2 ? 2 : ($(nproc) > 4 ? 4 : $(nproc)) ))}
+cores=$(nproc)
+workers=${HVDK8S_TEST_WORKERS:-$(( cores < 2 ? 2 : cores > 4 ? 4 : cores ))}
 if [ "$workers" -gt 0 ]; then
   set -- -n "$workers" --dist loadgroup "$@"
 fi

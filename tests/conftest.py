@@ -174,4 +174,3 @@ def namespace(cluster):
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-

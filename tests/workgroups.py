@@ -17,43 +17,38 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
+from typing import Optional
 
 CLUSTER_FIXTURES = frozenset({"cluster", "own_cluster", "namespace"})
 
 
 @functools.lru_cache(maxsize=None)
-def _read(path: Path) -> tuple[bool, frozenset[str], frozenset[str], frozenset[str]]:
-    """(the module is marked `ranks`, its test functions marked `ranks`, those marked `one_rank`, those
-    taking the API server)."""
+def _units(path: Path) -> dict[str, Optional[str]]:
+    """Each test function of a file and its work unit: 'ranks', 'cluster', or None (a unit of its own)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     whole = any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
                 and "mark.ranks" in ast.unparse(node.value) for node in tree.body)
-    ranks, one_rank, cluster = set(), set(), set()
+    units: dict[str, Optional[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
             marks = {ast.unparse(d).rsplit(".", 1)[-1] for d in node.decorator_list}
-            if "ranks" in marks:
-                ranks.add(node.name)
             if "one_rank" in marks:
-                one_rank.add(node.name)
-            if CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
-                cluster.add(node.name)
-    return whole, frozenset(ranks), frozenset(one_rank), frozenset(cluster)
+                units[node.name] = None
+            elif whole or "ranks" in marks:
+                units[node.name] = "ranks"
+            elif CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
+                units[node.name] = "cluster"
+    return units
 
 
 def work_unit(nodeid: str, rootdir: Path) -> str:
     """'ranks', 'cluster', or the test's own id (a unit of its own)."""
     path, _, rest = nodeid.partition("::")
-    function = rest.split("[", 1)[0]
     try:
-        whole, ranks, one_rank, cluster = _read(rootdir / path)
+        unit = _units(rootdir / path).get(rest.split("[", 1)[0])
     except (OSError, SyntaxError):
-        return nodeid
-    if function in one_rank:
-        return nodeid
-    if whole or function in ranks:
-        return "ranks"
-    return "cluster" if function in cluster else nodeid
+        unit = None
+    return unit or nodeid
 
 
 def check(items, rootdir: Path) -> None:
@@ -62,10 +57,9 @@ def check(items, rootdir: Path) -> None:
 
     for item in items:
         unit = work_unit(item.nodeid, rootdir)
-        if item.get_closest_marker("ranks") and unit != "ranks" and not (
-                item.get_closest_marker("one_rank") and unit == item.nodeid):
+        if item.get_closest_marker("ranks") and not item.get_closest_marker("one_rank") and unit != "ranks":
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
         if "cluster" in item.fixturenames and unit not in ("ranks", "cluster"):
-            raise pytest.UsageError(f"{item.nodeid} uses the API server: take one of {', '.join(sorted(CLUSTER_FIXTURES))} "
-                                    "as an argument of the test function")
+            raise pytest.UsageError(f"{item.nodeid} uses the API server: take one of "
+                                    f"{', '.join(sorted(CLUSTER_FIXTURES))} as an argument of the test function")
