@@ -72,14 +72,18 @@ def cli() -> None:
 @click.option("--crd-from-cluster", is_flag=True, help="MPIJobs: check against the CRD the cluster serves.")
 @click.option("--no-import", is_flag=True,
               help="Job files: do not import and call model/dataset factories (e.g. where their code is absent).")
+@click.option("--no-policy", is_flag=True,
+              help="MPIJobs: judge only as the API server and the MPI operator do, leaving out hvdk8s's own "
+                   "policies (no privileged container; no replica type or launcherCreationPolicy the operator "
+                   "silently ignores).")
 def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, crd_from_cluster: bool,
-             no_import: bool) -> None:
+             no_import: bool, no_policy: bool) -> None:
     """Check a job file, or a YAML of MPIJobs; exit 2 listing every problem with its field path.
 
     Job files with `factory` paths have them imported and called, and a carried entrypoint script must exist."""
     docs = _mpijob_documents(job)
     if docs is not None:
-        _validate_mpijobs(job, docs, crd, crd_from_cluster)
+        _validate_mpijobs(job, docs, crd, crd_from_cluster, policies=not no_policy)
         return
     spec = _load(job, overrides)
     if not no_import:
@@ -102,7 +106,7 @@ def _mpijob_documents(path: str) -> list | None:
     return docs if any(isinstance(d, dict) and d.get("kind") == "MPIJob" for d in docs) else None
 
 
-def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: bool) -> None:
+def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: bool, policies: bool) -> None:
     from hvdk8s.mpijob import validate as mv
 
     try:
@@ -110,8 +114,9 @@ def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: 
     except (ValueError, RuntimeError) as e:
         raise UserError(str(e)) from None
     pods = mv.pod_schema_available()
-    problems = mv.validate_documents(docs, schema=schema, pod_schema=pods)
+    problems = mv.validate_documents(docs, schema=schema, pod_schema=pods, policies=policies)
     against = f"CRD {crd}" if crd else "the cluster's CRD" if crd_from_cluster else "hvdk8s's MPIJob rules"
+    against += "" if policies else ", hvdk8s's policies left out"
     if problems:
         _fail(f"{path}: invalid MPIJob (checked against {against})", [(p.path, p.message) for p in problems])
     click.echo(f"{path}: valid MPIJob (checked against {against}"

@@ -88,9 +88,26 @@ def call(factory: Callable, field: str, args: dict[str, Any], extra: Optional[di
         raise FactoryError(field, f"calling it with {sorted(kwargs)} failed: {_describe(e)}") from None
 
 
+def _unknown_info(factory: Callable, given: set[str]) -> list[str]:
+    """Dataset facts (num_classes, ...) that `factory` requires and neither model.args nor the data gives."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.name in DATASET_INFO_KEYS and p.name not in given
+            and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def build_model(model_spec, framework: str, dataset_info: dict[str, Any]):
     """The user's model from `model.factory`, checked to be a model of the job's framework."""
-    model = call(resolve(model_spec.factory, "model.factory"), "model.factory", model_spec.args,
+    factory = resolve(model_spec.factory, "model.factory")
+    missing = _unknown_info(factory, set(model_spec.args) | set(dataset_info))
+    if missing:
+        # A map-style dataset's first sample shows its input shape, not how many classes there are.
+        raise FactoryError("model.factory", f"needs {', '.join(missing)}, which the dataset does not tell: give "
+                                            "it in model.args, or have the dataset carry it (a map-style dataset's "
+                                            "`classes` or `targets` attribute, or an `info` dict)")
+    model = call(factory, "model.factory", model_spec.args,
                  {k: dataset_info[k] for k in DATASET_INFO_KEYS if k in dataset_info})
     if framework == "pytorch":
         import torch

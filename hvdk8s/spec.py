@@ -584,6 +584,10 @@ class KubernetesSpec(_Strict):
         for i, volume in enumerate(self.volumes):
             if layout.overlaps(volume.mount_path, self.cache_dir):
                 raise ValueError(f"volumes[{i}].mount_path {volume.mount_path} overlaps cache_dir {self.cache_dir}")
+            # The node's cache holds every namespace's datasets; a job reaches only its own, through the cache.
+            if volume.host_path is not None and layout.overlaps(volume.host_path, self.cache_dir):
+                raise ValueError(f"volumes[{i}].host_path {volume.host_path} overlaps cache_dir {self.cache_dir}, "
+                                 "the node's dataset cache (datasets come in through `dataset.cache`)")
         return self
 
     @model_validator(mode="after")

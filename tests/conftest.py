@@ -73,6 +73,21 @@ def cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess
                           timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
+def check_reported_events(stdout: str, checkpoint_dir, epochs: int, keep: int = 3) -> dict:
+    """A `launch --log-format json` run's records, checked for what rank 0 reports whatever the framework:
+    progress within every epoch (run with HVDK8S_PROGRESS_EVERY_S=0), a checkpoint event per epoch
+    naming its file, the newest `keep` of them on disk. Returns the `done` event."""
+    records = [json.loads(line) for line in stdout.splitlines()]
+    of = {kind: [r for r in records if r["event"] == kind] for kind in ("progress", "checkpoint", "done")}
+    assert sorted({r["epoch"] for r in of["progress"]}) == list(range(1, epochs + 1)), of["progress"]
+    assert all(0 < r["step"] < r["steps"] and r["loss"] > 0 and r["samples_per_s"] > 0 for r in of["progress"])
+    assert [(r["epoch"], r["path"]) for r in of["checkpoint"]] == \
+        [(e, str(Path(checkpoint_dir) / f"epoch-{e:05d}.ckpt")) for e in range(1, epochs + 1)]
+    assert all(Path(r["path"]).is_file() for r in of["checkpoint"][-keep:])
+    assert len(of["done"]) == 1
+    return of["done"][0]
+
+
 def invoke(*args: str, env: dict | None = None):
     """`hvdk8s ARGS` in this process (click's CliRunner): the real command, fast enough for many inputs.
     An exception that escaped the command (a user would see its traceback) is raised here, so the test fails
@@ -139,12 +154,15 @@ def job_file(tmp_path):
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """The API server the cluster tests use, with the MPIJob CRD: the project's own (etcd + kube-apiserver
-    on 127.0.0.1, started once per session and stopped after it), or HVDK8S_TEST_KUBECONFIG's cluster."""
+    + the garbage collector on 127.0.0.1, started once per session and stopped after it), or
+    HVDK8S_TEST_KUBECONFIG's cluster (with `operator` set where a real mpi-operator runs there)."""
     import cluster_helpers as ch
 
     external = os.environ.get("HVDK8S_TEST_KUBECONFIG")
     if external:
-        yield ch.Cluster(Path(external).expanduser(), own=False)
+        other = ch.Cluster(Path(external).expanduser(), own=False)
+        other.operator = ch.operator_in(other)
+        yield other
         return
     if not ch.SHARED_CRD.is_file():
         pytest.skip(f"{ch.SHARED_CRD} is absent (no ../shared beside this checkout): the cluster tests install "
@@ -163,6 +181,15 @@ def own_cluster(cluster):
     if not cluster.own:
         pytest.skip("needs the project's own API server (HVDK8S_TEST_KUBECONFIG names another cluster)")
     return cluster
+
+
+@pytest.fixture
+def no_operator(cluster):
+    """For tests that play mpi-operator (they write MPIJob status, or expect nobody to pick a job up):
+    skipped where a real one runs, which would overwrite what they write."""
+    if cluster.operator:
+        pytest.skip(f"a real mpi-operator runs in this cluster ({cluster.operator}): this test plays the operator "
+                    "(writes MPIJob status, or expects nobody to pick the job up) and would race it")
 
 
 @pytest.fixture

@@ -73,7 +73,8 @@ def test_no_mpijob_crd_says_how_to_install_mpi_operator(swapped_crd, job, namesp
     for run in (swapped_crd.cli("launch", path), swapped_crd.cli("status", name, "-n", namespace)):
         line = _one_line(run)
         assert "serves no MPIJobs (no mpijobs.kubeflow.org CRD); install mpi-operator (kubectl apply " \
-               "--server-side -f " in line
+               "--server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/" \
+               "mpi-operator.yaml)" in line  # the release the shared CRD is from
     assert _configmaps(swapped_crd, namespace) <= {"kube-root-ca.crt"}
 
 

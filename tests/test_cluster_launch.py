@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cluster_helpers import GROUP, PLURAL, VERSION, Operator, unique
+from cluster_helpers import job_objects as _objects
 
 
 @pytest.fixture
@@ -22,24 +23,6 @@ def job(job_file, namespace):
     """A digits job file for this test's namespace; returns (path, name)."""
     name = unique("digits")
     return job_file({"name": name, "kubernetes": {"namespace": namespace}}), name
-
-
-def _objects(cluster, namespace, name):
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    api = cluster.api()
-    try:
-        job = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as e:
-        assert e.status == 404
-        job = None
-    try:
-        cm = api.sanitize_for_serialization(client.CoreV1Api(api).read_namespaced_config_map(f"{name}-job", namespace))
-    except ApiException as e:
-        assert e.status == 404
-        cm = None
-    return job, cm
 
 
 def _served_spec_schema(cluster) -> dict:
@@ -90,7 +73,7 @@ def test_launch_creates_exactly_the_rendered_objects(cluster, job, namespace):
         "uid": created_job["metadata"]["uid"], "controller": True}]
 
 
-def test_a_second_launch_of_a_job_is_refused_and_changes_nothing(cluster, job, namespace):
+def test_a_second_launch_of_a_job_is_refused_and_changes_nothing(cluster, job, namespace, no_operator):
     path, name = job
     assert cluster.cli("launch", path).returncode == 0
     before = _objects(cluster, namespace, name)
@@ -102,7 +85,7 @@ def test_a_second_launch_of_a_job_is_refused_and_changes_nothing(cluster, job, n
     assert [o["metadata"]["resourceVersion"] for o in after] == [o["metadata"]["resourceVersion"] for o in before]
 
 
-def test_status_and_wait_follow_created_running_succeeded(cluster, job, namespace):
+def test_status_and_wait_follow_created_running_succeeded(cluster, job, namespace, no_operator):
     path, name = job
     assert cluster.cli("launch", path).returncode == 0
     operator = Operator(cluster.api(), namespace, name)
@@ -128,7 +111,7 @@ def test_status_and_wait_follow_created_running_succeeded(cluster, job, namespac
     assert final["phase"] == "Succeeded" and final["replicaStatuses"]["Launcher"]["succeeded"] == 1
 
 
-def test_wait_exits_1_with_the_operators_message_when_the_job_failed(cluster, job, namespace):
+def test_wait_exits_1_with_the_operators_message_when_the_job_failed(cluster, job, namespace, no_operator):
     path, name = job
     assert cluster.cli("launch", path).returncode == 0
     operator = Operator(cluster.api(), namespace, name)
@@ -144,7 +127,7 @@ def test_wait_exits_1_with_the_operators_message_when_the_job_failed(cluster, jo
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed"])
-def test_launch_wait_exits_as_the_job_ended(cluster, job, namespace, outcome):
+def test_launch_wait_exits_as_the_job_ended(cluster, job, namespace, no_operator, outcome):
     path, name = job
     operator = Operator(cluster.api(), namespace, name)
 
@@ -170,14 +153,21 @@ def test_launch_wait_exits_as_the_job_ended(cluster, job, namespace, outcome):
     assert f"mpijob/{name}: {'Succeeded' if outcome == 'succeeded' else 'Failed'}" in run.stderr
 
 
-def test_a_wait_that_times_out_says_so_and_leaves_the_job(cluster, job, namespace):
+@pytest.mark.parametrize("verb", ["wait", "launch --wait"])
+def test_a_wait_that_times_out_says_so_and_leaves_the_job(cluster, job, namespace, no_operator, verb):
     path, name = job
-    assert cluster.cli("launch", path).returncode == 0
-    Operator(cluster.api(), namespace, name).running()
+    if verb == "wait":
+        assert cluster.cli("launch", path).returncode == 0
+        Operator(cluster.api(), namespace, name).running()
+        phase, args = "Running", ("wait", name, "-n", namespace)
+    else:
+        phase, args = "Pending", ("launch", path, "--wait")  # nobody picks the job up
     began = time.monotonic()
-    run = cluster.cli("wait", name, "-n", namespace, "--timeout", "2s")
-    assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert f"mpijob {name} is still Running after 2s (it goes on running)" in run.stderr
+    run = cluster.cli(*args, "--timeout", "2s")
+    assert run.returncode == 2 and "Traceback" not in run.stderr  # as every wait that ran out: exit 2
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == run.stderr.strip().splitlines()[-1:], run.stderr  # one line, the last
+    assert f"mpijob {name} is still {phase} after 2s (it goes on running); wait longer" in errors[0]
     assert time.monotonic() - began < 30
     assert _objects(cluster, namespace, name)[0] is not None
 
@@ -194,7 +184,7 @@ def test_delete_removes_what_launch_made(cluster, job, namespace):
     assert again.returncode == 2 and f"no mpijob {name} in namespace {namespace}" in again.stderr
 
 
-def test_list_shows_the_jobs_of_a_namespace(cluster, job_file, namespace):
+def test_list_shows_the_jobs_of_a_namespace(cluster, job_file, namespace, no_operator):
     names = [unique("a"), unique("b")]
     for name in names:
         path = job_file({"name": name, "kubernetes": {"namespace": namespace}}, name=f"{name}.yaml")
@@ -241,6 +231,19 @@ def test_a_missing_namespace_is_named_and_nothing_is_created(cluster, job_file):
     assert len(run.stderr.strip().splitlines()) == 1
     listed = json.loads(cluster.cli("list", "-A", "-o", "json").stdout)
     assert name not in {j["name"] for j in listed}
+
+
+def test_status_says_how_old_the_job_is(cluster, job, namespace):
+    path, name = job
+    assert cluster.cli("launch", path).returncode == 0
+    created = _objects(cluster, namespace, name)[0]["metadata"]["creationTimestamp"]
+    time.sleep(2)  # an age the clock can tell from 0s
+    shown = cluster.cli("status", name, "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    age = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("age:"))
+    seconds, rest = age.split()[1], " ".join(age.split()[2:])
+    assert rest == f"(created {created})"  # the server's creationTimestamp, as it gave it
+    assert seconds.endswith("s") and 2 <= int(seconds[:-1]) < 60, age
 
 
 def test_status_of_an_unknown_job_says_where_it_looked(cluster, namespace):

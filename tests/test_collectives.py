@@ -79,7 +79,7 @@ def test_step_clips_the_averaged_gradient_like_one_process_on_the_whole_batch(re
             assert all(n > c["clip"] for n in c["norms_before_clip"]), c  # clipping really happened
             assert c["clipping_effect"] > 1e-3, c  # and changed the result
             assert c["applied"] == [True] * 3
-            assert c["max_abs_diff"] < 1e-5, c
+            assert c["max_abs_diff"] < 1e-6, c  # float32 rounding of values near 1
         assert results[0]["step"][key]["digest"] == results[1]["step"][key]["digest"]
 
 

@@ -21,6 +21,21 @@ def parameters(fn) -> list[tuple]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
+# The verbs issue 8 names, spelled out here so that dropping one from CONTRACT fails a test.
+NAMED_VERBS = ("init", "distribute", "broadcast_state", "load_checkpoint", "save_checkpoint", "scaled_learning_rate",
+               "metric_average", "metric_sum", "allreduce", "log", "is_rank0", "rank", "size", "local_rank",
+               "local_size")
+
+
+def test_the_contract_holds_every_named_verb():
+    assert [v for v in NAMED_VERBS if v not in CONTRACT] == []
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_save_checkpoint_carries_extra_state(adapters, framework):
+    assert "extra" in inspect.signature(adapters[framework].save_checkpoint).parameters
+
+
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_all_lists_the_contract_and_only_names_that_exist(adapters, framework):
     module = adapters[framework]

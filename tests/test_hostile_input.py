@@ -90,6 +90,16 @@ def test_cli_reports_without_traceback(tmp_path):
         assert run.returncode == 2 and "Traceback" not in run.stderr and str(path) in run.stderr, run.stderr
 
 
+def test_user_text_in_a_message_is_printed_as_typed_not_as_markup(tmp_path):
+    """The CLI's one problem printer draws with rich: a user's text that looks like rich markup (in a
+    value or a file name) must come out literally, not styled, swallowed or raising MarkupError."""
+    run = cli("validate", DIGITS_JOB, "--set", 'model.name="[bold red]x[/]"')
+    assert run.returncode == 2 and "unknown model '[bold red]x[/]'" in run.stderr, run.stderr
+    missing = tmp_path / "[bold]nope[/].yaml"
+    run = cli("validate", missing)
+    assert run.returncode == 2 and f"{missing}: invalid job file" in run.stderr, run.stderr
+
+
 # A YAML value anywhere in the job: scalars of every type, lists and maps, and text that is not YAML.
 _values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),

@@ -123,7 +123,7 @@ def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  
     assert "Succeeded" not in errors  # the exit record says it; stderr is for errors
 
 
-def test_launch_wait_logs_the_phases_and_how_the_job_ended(cluster, job_file, namespace):
+def test_launch_wait_logs_the_phases_and_how_the_job_ended(cluster, job_file, namespace, no_operator):
     from cluster_helpers import Operator, unique
 
     name = unique("digits")

@@ -591,6 +591,20 @@ def test_policies_are_marked_and_can_be_left_out(schema, edits):
     assert [p.policy for p in validate_documents([job], schema=schema)] == [True]
 
 
+def test_the_cli_states_its_policy_and_leaves_it_out_when_told(tmp_path):
+    from conftest import invoke
+
+    job = yaml.safe_load(PI)
+    edit(job, f"{W_C0}.securityContext.privileged", True)
+    path = tmp_path / "privileged.yaml"
+    path.write_text(yaml.safe_dump(job))
+    refused = invoke("validate", path)
+    assert refused.exit_code == 2 and "hvdk8s policy: " in refused.stderr and "privileged" in refused.stderr
+    judged_as_the_operator = invoke("validate", path, "--no-policy")
+    assert judged_as_the_operator.exit_code == 0, judged_as_the_operator.stderr
+    assert "policies left out" in judged_as_the_operator.stdout
+
+
 # --- a CRD file that is not a CRD: one line naming the file, exit 2 (issue 12) --------------------------
 
 @pytest.mark.parametrize("content,word", [

@@ -103,7 +103,12 @@ def _renders_or_names_the_field(field: str, text: str) -> None:
         assert [path for path, _ in e.problems] == [field], e
         return
     renderer.to_yaml(renderer.render(spec))
-    amount = parse_quantity(getattr(spec.resources, field.split(".")[1]))
+    section, name = field.split(".")
+    value = getattr(getattr(spec, section), name)
+    if value is None:  # an empty cache_quota: no quota
+        assert field == "kubernetes.cache_quota"
+        return
+    amount = parse_quantity(value)
     assert amount >= 0
     if field == "resources.cpu":  # whole cores per rank, exactly (a float is off for e.g. .1Ei)
         assert omp_threads(spec) == max(1, int(amount // SLOTS))
@@ -119,8 +124,8 @@ def _quantity_like() -> st.SearchStrategy[str]:
 
 
 # database=None: runs do not depend on examples saved by earlier runs
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(field=st.sampled_from(["resources.cpu", "resources.memory"]),
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(["resources.cpu", "resources.memory", "resources.shm_size", "kubernetes.cache_quota"]),
        text=st.one_of(st.text(max_size=30), _quantity_like()))
 def test_any_typed_quantity_renders_or_names_the_field(field, text):
     _renders_or_names_the_field(field, text)

@@ -274,6 +274,21 @@ def test_volumes_are_mounted_where_ranks_run_and_only_there():
     assert "volumes" not in pod_of(job, "Launcher")  # mpirun needs none of them
 
 
+def test_a_host_path_volume_mounts_an_existing_directory_where_the_ranks_run():
+    job = job_of("gpu-1x8", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c}, "
+                            "{name: scratch, mount_path: /scratch, host_path: /mnt/nvme/scratch}, "
+                            "{name: ref, mount_path: /ref, host_path: /mnt/ref, read_only: true}]")
+    pod = pod_of(job, "Worker")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # type Directory: the kubelet refuses to start a pod whose directory is missing rather than creating a
+    # root-owned one that the ranks (uid 1000) could not write
+    assert volumes["scratch"] == {"name": "scratch", "hostPath": {"path": "/mnt/nvme/scratch", "type": "Directory"}}
+    assert volumes["ref"] == {"name": "ref", "hostPath": {"path": "/mnt/ref", "type": "Directory"}}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["scratch"] == {"name": "scratch", "mountPath": "/scratch"}
+    assert mounts["ref"] == {"name": "ref", "mountPath": "/ref", "readOnly": True}
+
+
 def test_read_only_nfs_dataset_synced_by_the_init_container_from_its_mount():
     job = job_of("nfs-cached")
     pod = pod_of(job, "Worker")
@@ -309,6 +324,10 @@ def test_an_uncached_local_dataset_is_read_from_a_volume():
     (["kubernetes.volumes=[{name: a, mount_path: /a, pvc: c}, {name: a, mount_path: /b, pvc: c}]"],
      "kubernetes.volumes", "same name"),
     (["kubernetes.volumes=[{name: a, mount_path: /var/cache/hvdk8s/x, pvc: c}]"], "kubernetes", "cache_dir"),
+    # another namespace's cached datasets lie below cache_dir on the node
+    (["kubernetes.volumes=[{name: a, mount_path: /a, host_path: /var/cache/hvdk8s/other-team}]"], "kubernetes",
+     "overlaps cache_dir"),
+    (["kubernetes.volumes=[{name: a, mount_path: /a, host_path: /var}]"], "kubernetes", "overlaps cache_dir"),
     (["kubernetes.volumes=[{name: a, mount_path: /a, nfs: {server: 'x y', path: /e}}]"],
      "kubernetes.volumes.0.nfs.server", "host name"),
     (["kubernetes.run_as_user=2000"], "kubernetes.run_as_user", "uid 1000"),
@@ -350,6 +369,7 @@ def test_every_pod_runs_non_root_under_the_runtime_seccomp_profile(case):
     for role, replica in job["spec"]["mpiReplicaSpecs"].items():
         pod = replica["template"]["spec"]
         assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True,
+                                          "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch",
                                           "seccompProfile": {"type": "RuntimeDefault"}}, role
         for c in pod["containers"]:
             assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from conftest import cli, session_members
+from conftest import check_reported_events, cli, session_members
 from hvdk8s import checkpoint
 from hvdk8s.trainer.job import parameter_digest
 
@@ -28,7 +28,13 @@ def epochs_trained(out: str) -> list[int]:
 
 def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
     ckpt = tmp_path / "ckpt"
-    straight = launch(job_file({"training": {"epochs": 4}}, "straight.yaml"))
+    # Read as a log stack reads it (records, progress at every step): the events rank 0 reports.
+    straight_dir = tmp_path / "straight"
+    straight = cli("launch", "--local", "-np", "2", "--log-format", "json",
+                   job_file({"training": {"epochs": 4, "checkpoint": {"dir": str(straight_dir)}}}, "straight.yaml"),
+                   env={"HVDK8S_PROGRESS_EVERY_S": "0"})
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    straight_digest = check_reported_events(straight.stdout, straight_dir, epochs=4)["digest"]
 
     first = launch(job_file({"training": {"epochs": 2, "checkpoint": {"dir": str(ckpt)}}}, "first.yaml"))
     assert epochs_trained(first) == [1, 2]
@@ -42,7 +48,7 @@ def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
     assert resumed.group(3) == parameter_digest(saved["model"])
     assert epochs_trained(second) == [3, 4]
     # Same data order, learning-rate schedule and optimizer state: the same model as without a stop.
-    assert final_digest(second) == final_digest(straight)
+    assert final_digest(second) == straight_digest
 
     # --no-resume starts over beside newer checkpoints, and arrives where the first run did.
     again = launch(job_file({"training": {"epochs": 2, "checkpoint": {"dir": str(ckpt)}}}, "again.yaml"), "--no-resume")

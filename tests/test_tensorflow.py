@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from conftest import DIGITS_JOB, cli, rank_results, run_ranks
+from conftest import DIGITS_JOB, check_reported_events, cli, rank_results, run_ranks
 
 pytestmark = pytest.mark.ranks
 
@@ -68,7 +68,7 @@ def test_global_clipnorm_acts_on_the_averaged_gradients(results):
     for r in results:
         clipped = r["equivalence"]["tape_clipped"]
         assert min(clipped["unclipped_norms"]) > clipped["clipnorm"], "every step must really clip"
-        assert clipped["max_abs_diff"] < 1e-5  # = one process clipping the whole batch's gradient
+        assert clipped["max_abs_diff"] < 1e-6  # = one process clipping the whole batch's gradient
         # Clipping each rank's own gradients before averaging would move the first update this much:
         # far beyond the difference seen, so the match above is not a coincidence.
         assert clipped["clip_before_average_diff"] > 100 * max(clipped["max_abs_diff"], 1e-7)
@@ -170,7 +170,12 @@ def test_tensorflow_run_resumes_from_its_checkpoint(job_file, tmp_path):
     resumed = re.search(r"resumed from \S+ \(epoch (\d+), parameters (\w+)\)", second.stdout)
     assert resumed and resumed.groups() == ("2", saved)
     assert [int(e) for e in re.findall(r"^epoch (\d+)/4 ", second.stdout, re.M)] == [3, 4]
-    straight = cli("launch", "--local", "-np", "2",
-                   job_file({"framework": "tensorflow", "training": {"epochs": 4}}, "straight.yaml"))
-    assert re.search(r"parameters (\w+)\)\s*$", straight.stdout).group(1) == \
-        re.search(r"parameters (\w+)\)\s*$", second.stdout).group(1)
+    # The same 4 epochs straight through, read as a log stack reads them: the Keras loop reports the
+    # trainer's events (progress within each epoch, each checkpoint) as the PyTorch loop does.
+    straight_dir = tmp_path / "straight"
+    straight = cli("launch", "--local", "-np", "2", "--log-format", "json",
+                   job_file({"framework": "tensorflow", "training": {"epochs": 4, "checkpoint": {"dir": str(straight_dir)}}},
+                            "straight.yaml"), env={"HVDK8S_PROGRESS_EVERY_S": "0"})
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    done = check_reported_events(straight.stdout, straight_dir, epochs=4)
+    assert done["digest"] == re.search(r"parameters (\w+)\)\s*$", second.stdout).group(1)

@@ -90,15 +90,57 @@ BAD_FACTORIES = [
     ("dataset.factory", "bad_factories:empty_dataset", "returned an unusable dataset: the dataset is empty"),
     ("dataset.factory", "bad_factories:bad_split", "needs exactly the keys 'train' and 'test'"),
     ("model.factory", "my_pkg.models.torch_mlp", "is not an import path"),
+    # a map-style dataset with no `classes`/`targets`: its samples do not say how many classes there are
+    ("dataset.factory", "good_factories:unlabelled_rows", None),
 ]
 
 
 @pytest.mark.parametrize("field,path,message", BAD_FACTORIES, ids=[b[1] for b in BAD_FACTORIES])
 def test_bad_factory_is_a_field_error_at_validate(user_dir, field, path, message):
-    run = cli("validate", user_dir / "job.yaml", "--set", f"{field}={path}")
+    shutil.copy(USER_CODE / "good_factories.py", user_dir / "good_factories.py")
+    run = cli("validate", user_dir / "job.yaml", "--set", f"{field}={path}", "--set", "dataset.args={}")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
+    if message is None:  # the dataset loads; the model it feeds lacks a fact it needs
+        field, message = "model.factory", "needs num_classes, which the dataset does not tell"
     assert f"{field}:" in run.stderr and message in run.stderr, run.stderr
+
+
+GOOD_DATASETS = {"good_factories:arrays": (48, 12), "good_factories:protocol": (48, 12),
+                 "good_factories:own_split": (40, 20)}
+
+
+@pytest.mark.parametrize("path", GOOD_DATASETS)
+def test_every_kind_of_dataset_result_validates(user_dir, path):
+    shutil.copy(USER_CODE / "good_factories.py", user_dir / "good_factories.py")
+    run = cli("validate", user_dir / "job.yaml", "--set", f"dataset.factory={path}", "--set", "dataset.args={}")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("path", GOOD_DATASETS)
+def test_every_kind_of_dataset_result_is_read_whole_by_the_sharded_loaders(monkeypatch, path):
+    """Arrays, a user's protocol object and a map-style dataset (with its own split) reach the
+    PyTorch and TensorFlow loaders: two ranks together read each training sample once per epoch."""
+    import numpy as np
+
+    from hvdk8s.data.datasets import factory_splits
+    from hvdk8s.data.tensorflow import sharded_dataset
+    from hvdk8s.data.torch import ShardedLoader
+    from hvdk8s.spec import DatasetSpec
+
+    monkeypatch.syspath_prepend(str(USER_CODE))
+    splits = factory_splits(DatasetSpec(factory=path, test_fraction=0.2))
+    assert (len(splits["train"]), len(splits["test"])) == GOOD_DATASETS[path]
+    assert splits["train"].info == {"input_shape": [5], "num_classes": 3}
+    whole = splits["train"].take(np.arange(len(splits["train"])))
+    expected = sorted(map(tuple, np.column_stack([whole[0], whole[1]]).tolist()))
+
+    def rows(batches):  # torch's Batch and tf.data's (x, y) alike: the first two parts of each
+        return [tuple(r) for b in batches for r in np.column_stack([np.asarray(b[0]), np.asarray(b[1])]).tolist()]
+
+    torch_rows = [row for rank in (0, 1) for row in rows(ShardedLoader(splits["train"], 8, rank=rank, size=2))]
+    tf_rows = [row for rank in (0, 1) for row in rows(sharded_dataset(splits["train"], 8, rank=rank, size=2))]
+    assert sorted(torch_rows) == expected and sorted(tf_rows) == expected
 
 
 def test_bad_factory_stops_a_launch_before_any_rank_starts(user_dir):

@@ -29,7 +29,7 @@ from hvdk8s.mpijob.monitoring import POD_MONITOR_API, POD_MONITOR_KIND, POD_MONI
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 INSTALL_OPERATOR = ("install mpi-operator (kubectl apply --server-side -f https://raw.githubusercontent.com/"
-                    "kubeflow/mpi-operator/v0.8.0/deploy/v2beta1/mpi-operator.yaml)")
+                    "kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml)")
 # mpi-operator labels the launcher's pods so (defaultLabels in its controller).
 LAUNCHER_SELECTOR = "training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
 PM_GROUP, PM_VERSION = POD_MONITOR_API.split("/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol
@@ -19,6 +20,16 @@ from hvdk8s.schedule import lr_scale, warmup_lr
 from hvdk8s.spec import JobSpec
 
 PROGRESS_EVERY_S = 1.0  # rank 0 reports progress within an epoch at most this often
+
+
+def progress_interval() -> float:
+    """PROGRESS_EVERY_S, or HVDK8S_PROGRESS_EVERY_S where it is a number >= 0 (0: every step; a log
+    stack may want fewer). Anything else there keeps the default: no rank fails over a reporting rate."""
+    try:
+        value = float(os.environ.get("HVDK8S_PROGRESS_EVERY_S", PROGRESS_EVERY_S))
+    except ValueError:
+        return PROGRESS_EVERY_S
+    return value if math.isfinite(value) and value >= 0 else PROGRESS_EVERY_S
 
 
 def parameter_digest(arrays: Mapping[str, Any]) -> str:
@@ -73,13 +84,14 @@ class Progress:
 
     def __init__(self, report: Reporter, epoch: int, steps: int):
         self.report, self.epoch, self.steps = report, epoch, steps
+        self.every = progress_interval()
         self.began = self.last = time.perf_counter()
 
     def step(self, done: int, samples: int, loss: Callable[[], float]) -> None:
         if not self.report.enabled or done >= self.steps:
             return
         now = time.perf_counter()
-        if now - self.last >= PROGRESS_EVERY_S:
+        if now - self.last >= self.every:
             self.report.emit("progress", epoch=self.epoch, step=done, steps=self.steps, loss=float(loss()),
                              samples_per_s=samples / max(now - self.began, 1e-9))
             self.last = now

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Start a private Kubernetes API server for tests: etcd + kube-apiserver v1.20.2 on 127.0.0.1 only,
-# from the binaries scripts/k8s/build.sh caches (built first if missing).
+# Start a private Kubernetes API server for tests: etcd + kube-apiserver v1.20.2 on 127.0.0.1 only, and
+# kube-controller-manager running only its garbage collector (so that ownerReferences cascade as on a real
+# cluster), from the binaries scripts/k8s/build.sh caches (built first if missing).
 #
-#   scripts/k8s/start.sh STATE_DIR [--crd FILE]   start both; install the CRD in FILE (e.g. the MPIJob CRD)
+#   scripts/k8s/start.sh STATE_DIR [--crd FILE]   start all three; install the CRD in FILE (e.g. the MPIJob
+#                                                  CRD) before the garbage collector reads what is served
 #   scripts/k8s/start.sh STATE_DIR --apiserver-only  start the API server again over the running etcd
 #   scripts/k8s/stop.sh STATE_DIR [--apiserver-only] stop what this started
 #
 # STATE_DIR gets the certificates (a self-signed CA), the token file, the logs, the pids and
 # `kubeconfig`, with two users: `admin` (system:masters; context hvdk8s-test, the current one) and
 # `nobody` (authenticated, no RBAC rights; context hvdk8s-test-nobody). RBAC is on; the ServiceAccount
-# admission plugin is off (no controller-manager makes the tokens it waits for). Pod logs are proxied
+# admission plugin is off (no token controller makes the tokens it waits for). Pod logs are proxied
 # to a kubelet at a Node's InternalIP, verified against this CA with certs/kubelet.{crt,key} (a test can
 # serve that kubelet endpoint itself). Prints the kubeconfig path on its last line.
 set -euo pipefail
@@ -44,10 +46,12 @@ if [ "$ONLY_APISERVER" = 1 ]; then
   # shellcheck disable=SC1091
   . "$STATE/ports"
 else
-  { alive etcd || alive apiserver; } && die "$STATE already has a running cluster: stop it first (stop.sh $STATE)"
+  { alive etcd || alive apiserver || alive controller-manager; } &&
+    die "$STATE already has a running cluster: stop it first (stop.sh $STATE)"
   rm -rf "$STATE/etcd-data" "$STATE/certs"
-  ETCD_PORT=$(free_port) ETCD_PEER_PORT=$(free_port) API_PORT=$(free_port)
-  printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\n' "$ETCD_PORT" "$ETCD_PEER_PORT" "$API_PORT" >"$STATE/ports"
+  ETCD_PORT=$(free_port) ETCD_PEER_PORT=$(free_port) API_PORT=$(free_port) KCM_PORT=$(free_port)
+  printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\nKCM_PORT=%s\n' "$ETCD_PORT" "$ETCD_PEER_PORT" "$API_PORT" \
+    "$KCM_PORT" >"$STATE/ports"
 
   # --- certificates: one CA for the API server, its clients and the kubelet endpoint ------------------
   C=$STATE/certs && mkdir -p "$C"
@@ -143,6 +147,28 @@ if [ -n "$CRD" ]; then
     done
     die "$name did not become established in 60s"
   done
+fi
+
+# --- the garbage collector: kube-controller-manager with that controller alone -------------------------
+# Started after the CRD so that its first discovery already watches MPIJobs (it rediscovers every 30 s).
+# It acts as admin (system:masters: the kubeconfig's current context); no leader election (one instance);
+# its HTTPS port (/healthz, a self-signed certificate) on loopback only, the insecure port off.
+if [ "$ONLY_APISERVER" = 0 ]; then
+  say "kube-controller-manager (garbage collector only), /healthz on https://127.0.0.1:$KCM_PORT"
+  setsid "$BIN/kube-controller-manager" --controllers=garbagecollector \
+    --kubeconfig "$STATE/kubeconfig" --leader-elect=false --use-service-account-credentials=false \
+    --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --port 0 --cert-dir "$C/controller-manager" \
+    --profiling=false >"$STATE/controller-manager.log" 2>&1 </dev/null &
+  echo $! >"$STATE/controller-manager.pid"
+  # Ready: every resource's informer has synced, so a deleted owner's dependents are collected at once.
+  for _ in $(seq 1 240); do
+    alive controller-manager || { tail -n 20 "$STATE/controller-manager.log" >&2
+      die "kube-controller-manager exited (log: $STATE/controller-manager.log)"; }
+    grep -q "all resource monitors have synced" "$STATE/controller-manager.log" && { gc=1; break; }
+    sleep 0.25
+  done
+  [ "${gc:-0}" = 1 ] ||
+    { tail -n 20 "$STATE/controller-manager.log" >&2; die "the garbage collector did not sync in 60s"; }
 fi
 say "ready in $((SECONDS - started))s: KUBECONFIG=$STATE/kubeconfig"
 echo "$STATE/kubeconfig"

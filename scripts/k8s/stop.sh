@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Stop what scripts/k8s/start.sh started in STATE_DIR: the API server, then etcd (or, with
-# --apiserver-only, the API server alone). Only the processes whose pids start.sh recorded, and only if
-# they still run the binaries it started; SIGTERM first, SIGKILL after 10 s.
+# Stop what scripts/k8s/start.sh started in STATE_DIR: the controller-manager, the API server, then etcd
+# (or, with --apiserver-only, the API server alone; the controller-manager waits for it to come back).
+# Only the processes whose pids start.sh recorded, and only if they still run the binaries it started;
+# SIGTERM first, SIGKILL after 10 s.
 set -euo pipefail
 
 [ $# -ge 1 ] || { echo "usage: stop.sh STATE_DIR [--apiserver-only]" >&2; exit 2; }
 STATE=$1
-names=(apiserver etcd)
+names=(controller-manager apiserver etcd)
 [ "${2:-}" = --apiserver-only ] && names=(apiserver)
 
 for name in "${names[@]}"; do
   pidfile=$STATE/$name.pid
   [ -f "$pidfile" ] || continue
   pid=$(cat "$pidfile")
-  binary=$([ "$name" = apiserver ] && echo kube-apiserver || echo etcd)
+  case $name in apiserver | controller-manager) binary=kube-$name ;; *) binary=$name ;; esac
   # A recycled pid belongs to someone else: leave it alone.
   if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "/$binary "; then
     kill -TERM "$pid"

@@ -1,15 +1,18 @@
 """A real Kubernetes API server for the cluster tests, and the parts of a cluster it lacks.
 
-`own_cluster` starts etcd + kube-apiserver v1.20.2 on 127.0.0.1 with scripts/k8s/start.sh (building the
-binaries first if this machine has none) and installs the MPIJob CRD from ../shared/k8s/mpijob-crd.yaml.
+`own_cluster` starts etcd + kube-apiserver v1.20.2 (and the garbage collector) on 127.0.0.1 with
+scripts/k8s/start.sh (building the binaries first if this machine has none) and installs the MPIJob CRD
+from ../shared/k8s/mpijob-crd.yaml.
 With HVDK8S_TEST_KUBECONFIG set, the tests run against that cluster instead (e.g. kind with mpi-operator);
 the tests that stop the API server, swap its CRD, log in as the rights-less user or serve a node's
 kubelet endpoint then skip, as they need the project's own server.
 
-There is no mpi-operator, kubelet, scheduler or controller-manager in the project's cluster. So the tests
-play them where a test needs them, and say so: `Operator` writes an MPIJob's status subresource through
-the transitions mpi-operator makes, and `kubelet.FakeKubelet` serves the container-log endpoint to
-which the API server proxies `pods/log`.
+There is no mpi-operator, kubelet or scheduler in the project's cluster, and kube-controller-manager runs
+its garbage collector alone (ownerReferences cascade as on any cluster). So the tests play the rest where
+a test needs them, and say so: `Operator` writes an MPIJob's status subresource through the transitions
+mpi-operator makes, and `kubelet.FakeKubelet` serves the container-log endpoint to which the API server
+proxies `pods/log`. On another cluster where a real mpi-operator runs (`operator_in`), the tests that
+write status skip (fixture `no_operator`): the operator would overwrite what they write.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ class Cluster:
     kubeconfig: Path
     own: bool  # the project's own API server (False: HVDK8S_TEST_KUBECONFIG's cluster)
     state: Optional[Path] = None  # start.sh's folder (own only)
+    operator: Optional[str] = None  # where a real mpi-operator runs (`operator_in`), None: nowhere
 
     def env(self, context: Optional[str] = None) -> dict[str, str]:
         """Environment for a CLI run against this cluster (pyc written: each run imports the client anew)."""
@@ -43,10 +47,15 @@ class Cluster:
         env.pop("HVDK8S_EVENTS", None)
         return env
 
-    def cli(self, *args: Any, timeout: float = 120, context: Optional[str] = None) -> subprocess.CompletedProcess:
-        """`hvdk8s ARGS` as a user runs it, with KUBECONFIG naming this cluster."""
+    def cli(self, *args: Any, timeout: float = 120, context: Optional[str] = None,
+            kubeconfig: Optional[str] = None) -> subprocess.CompletedProcess:
+        """`hvdk8s ARGS` as a user runs it, with KUBECONFIG naming this cluster (or `kubeconfig`: a path,
+        or paths joined with ':' as kubectl merges them)."""
+        env = self.env(context)
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
         return subprocess.run([sys.executable, "-m", "hvdk8s", *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, cwd=ROOT, env=self.env(context))
+                              timeout=timeout, cwd=ROOT, env=env)
 
     def popen(self, *args: Any) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "hvdk8s", *map(str, args)], stdout=subprocess.PIPE,
@@ -107,6 +116,43 @@ def own_cluster(state: Path) -> Cluster:
 def stop(cluster: Cluster) -> None:
     if cluster.own and cluster.state is not None:
         subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(cluster.state)], capture_output=True, timeout=120)
+
+
+def job_objects(cluster: Cluster, namespace: str, name: str) -> tuple[Optional[dict], Optional[dict]]:
+    """The job's MPIJob and ConfigMap (`NAME-job`) as the server has them, None where absent."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = cluster.api()
+    try:
+        job = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as e:
+        assert e.status == 404
+        job = None
+    try:
+        cm = api.sanitize_for_serialization(client.CoreV1Api(api).read_namespaced_config_map(f"{name}-job", namespace))
+    except ApiException as e:
+        assert e.status == 404
+        cm = None
+    return job, cm
+
+
+def operator_in(cluster: Cluster) -> Optional[str]:
+    """Where a real mpi-operator runs in the cluster: HVDK8S_TEST_OPERATOR=1 says so, else a Deployment
+    named mpi-operator in any namespace this user may list; None when neither (or it may not list them)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    if os.environ.get("HVDK8S_TEST_OPERATOR") == "1":
+        return "HVDK8S_TEST_OPERATOR=1"
+    try:
+        found = client.AppsV1Api(cluster.api()).list_deployment_for_all_namespaces(
+            field_selector="metadata.name=mpi-operator", _request_timeout=30).items
+    except ApiException as e:
+        if e.status == 403:
+            return None
+        raise
+    return f"deployment mpi-operator in namespace {found[0].metadata.namespace}" if found else None
 
 
 def unique(prefix: str) -> str:

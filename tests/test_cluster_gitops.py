@@ -1,0 +1,56 @@
+"""The GitOps route against a real API server: `hvdk8s render -o DIR`, applied by kubectl itself
+(`kubectl apply -k DIR`, as a GitOps controller applies a folder), then followed and removed with the
+same verbs as a job `hvdk8s launch` made. No mpi-operator runs in the project's cluster: `Operator`
+writes the MPIJob's status subresource as it would.
+"""
+from __future__ import annotations
+
+from cluster_helpers import Operator, job_objects, unique
+
+
+def test_a_rendered_folder_applied_with_kubectl_is_followed_and_deleted(cluster, job_file, namespace, no_operator,
+                                                                         tmp_path):
+    name, folder = unique("gitops"), tmp_path / "deploy"
+    path = job_file({"name": name, "kubernetes": {"namespace": namespace}})
+    rendered = cluster.cli("render", path, "-o", folder)
+    assert rendered.returncode == 0, rendered.stderr
+    applied = cluster.kubectl("apply", "-k", folder)
+    assert f"configmap/{name}-job created" in applied.stdout and f"mpijob.kubeflow.org/{name} created" in applied.stdout
+    _, cm = job_objects(cluster, namespace, name)
+    # As rendered: no uid to own it by, so only its labels say whose it is (what `delete` goes by then).
+    assert "ownerReferences" not in cm["metadata"]
+    assert cm["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "hvdk8s", "hvdk8s.io/job": name}
+
+    operator = Operator(cluster.api(), namespace, name)
+    operator.created()
+    operator.running()
+    operator.succeeded()
+    waited = cluster.cli("wait", name, "-n", namespace, "--timeout", "60s")
+    assert waited.returncode == 0, waited.stderr
+    assert f"mpijob/{name}: Succeeded" in waited.stderr
+    shown = cluster.cli("status", name, "-n", namespace)
+    assert shown.returncode == 0 and "phase:      Succeeded" in shown.stdout, shown.stderr
+
+    # The job is there, whoever applied it: a direct launch of the same job is refused.
+    again = cluster.cli("launch", path)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"mpijob {name} already exists in namespace {namespace} (Succeeded" in again.stderr
+
+    deleted = cluster.cli("delete", name, "-n", namespace)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.splitlines() == [f"deleted mpijob/{name}", f"deleted configmap/{name}-job"]
+    assert job_objects(cluster, namespace, name) == (None, None)
+
+
+def test_delete_leaves_a_configmap_of_that_name_that_is_not_the_jobs(cluster, job_file, namespace, tmp_path):
+    """The labels decide: a ConfigMap `NAME-job` that hvdk8s did not make stays."""
+    name, folder = unique("gitops"), tmp_path / "deploy"
+    assert cluster.cli("render", job_file({"name": name, "kubernetes": {"namespace": namespace}}), "-o",
+                       folder).returncode == 0
+    cluster.kubectl("apply", "-f", folder / "mpijob.yaml")
+    cluster.kubectl("create", "configmap", f"{name}-job", "-n", namespace, "--from-literal=owner=someone-else")
+    deleted = cluster.cli("delete", name, "-n", namespace)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.splitlines() == [f"deleted mpijob/{name}"]
+    job, cm = job_objects(cluster, namespace, name)
+    assert job is None and cm["data"] == {"owner": "someone-else"}
