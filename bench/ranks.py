@@ -23,14 +23,17 @@ class BenchError(RuntimeError):
     pass
 
 
-def _argv(program: list[str], mode: str, np: int, controller: str = local.DEFAULT_CONTROLLER) -> list[str]:
-    if mode in ("hvdk8s", "horovod"):
-        return local.command(program, np, controller)
+def _argv(program: list[str], mode: str, np: int, controller: str = local.DEFAULT_CONTROLLER,
+          launcher: Optional[bool] = None) -> list[str]:
+    """How `np` ranks of `mode` start. launcher: through `launch --local`'s command line (default for
+    Horovod modes), or as a plain process (default for `plain`; one rank only)."""
     if mode == "ddp":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={np}",
                 *program[1:]]  # torchrun takes `-m module` itself
+    if mode in ("hvdk8s", "horovod") if launcher is None else launcher:
+        return local.command(program, np, controller)
     if np != 1:
-        raise BenchError(f"mode {mode} runs one process, not {np}")
+        raise BenchError(f"mode {mode} without a launcher runs one process, not {np}")
     return program
 
 
@@ -51,21 +54,21 @@ def rank_env(np: int, extra: Optional[dict], mode: str = "hvdk8s") -> dict:
 
 
 def run_json(module: str, config: dict, mode: str, np: int, env: Optional[dict] = None,
-             controller: str = local.DEFAULT_CONTROLLER) -> dict:
+             controller: str = local.DEFAULT_CONTROLLER, launcher: Optional[bool] = None) -> dict:
     """Run `python -m module CONFIG` as `np` ranks of `mode`; the JSON rank 0 wrote to config['out']."""
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
         out = Path(tmp) / "result.json"
         program = [sys.executable, "-m", module, json.dumps({**config, "out": str(out)})]
-        proc = subprocess.run(_argv(program, mode, np, controller), env=rank_env(np, env, mode), capture_output=True, text=True,
-                              timeout=TIMEOUT)
+        proc = subprocess.run(_argv(program, mode, np, controller, launcher), env=rank_env(np, env, mode),
+                              capture_output=True, text=True, timeout=TIMEOUT)
         if proc.returncode != 0 or not out.exists():
             raise BenchError(f"{mode} x{np} {module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
         return json.loads(out.read_text())
 
 
 def step_seconds(config: dict, mode: str, np: int, env: Optional[dict] = None,
-                 controller: str = local.DEFAULT_CONTROLLER) -> float:
-    return run_json(STEP_RANK, {**config, "mode": mode}, mode, np, env, controller)["seconds_per_step"]
+                 controller: str = local.DEFAULT_CONTROLLER, launcher: Optional[bool] = None) -> float:
+    return run_json(STEP_RANK, {**config, "mode": mode}, mode, np, env, controller, launcher)["seconds_per_step"]
 
 
 @contextlib.contextmanager

@@ -86,6 +86,7 @@ BAD_FACTORIES = [
     ("model.factory", "broken_module:build", "importing 'broken_module' failed: SyntaxError"),
     ("model.factory", "bad_factories:raises", "RuntimeError: the user's factory broke"),
     ("model.factory", "bad_factories:not_a_model", "returned str, not a torch.nn.Module"),
+    ("model.factory", "my_pkg.models:torch_mlp", "not a keras.Model (framework: tensorflow)"),
     ("dataset.factory", "bad_factories:not_a_dataset", "returned an unusable dataset: got int"),
     ("dataset.factory", "bad_factories:empty_dataset", "returned an unusable dataset: the dataset is empty"),
     ("dataset.factory", "bad_factories:bad_split", "needs exactly the keys 'train' and 'test'"),
@@ -98,7 +99,9 @@ BAD_FACTORIES = [
 @pytest.mark.parametrize("field,path,message", BAD_FACTORIES, ids=[b[1] for b in BAD_FACTORIES])
 def test_bad_factory_is_a_field_error_at_validate(user_dir, field, path, message):
     shutil.copy(USER_CODE / "good_factories.py", user_dir / "good_factories.py")
-    run = cli("validate", user_dir / "job.yaml", "--set", f"{field}={path}", "--set", "dataset.args={}")
+    framework = "tensorflow" if "keras" in message else "pytorch"
+    run = cli("validate", user_dir / "job.yaml", "--set", f"{field}={path}", "--set", f"framework={framework}",
+              "--set", "dataset.args={}")
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
     if message is None:  # the dataset loads; the model it feeds lacks a fact it needs
@@ -190,6 +193,21 @@ def test_entrypoint_errors_name_the_field(tmp_path, entrypoint, field, message):
         run = cli(verb, job)
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         assert f"{field}:" in run.stderr and message in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"#" * (600 * 1024), "a ConfigMap carries at most"),
+    ("print('caf\xe9')\n".encode("latin-1"), "is not UTF-8 text"),
+], ids=["too-large", "not-utf8"])
+def test_a_script_the_configmap_cannot_carry_is_refused_at_render(tmp_path, content, message):
+    (tmp_path / "train.py").write_bytes(content)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "carried", "framework": "pytorch", "entrypoint": {"script": "train.py"},
+                                   "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}))
+    run = cli("render", job, "-o", tmp_path / "out")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "entrypoint.script:" in run.stderr and message in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_entrypoint_in_the_image_renders_its_own_path(tmp_path):
