@@ -99,7 +99,7 @@ BAD_FACTORIES = [
 @pytest.mark.parametrize("field,path,message", BAD_FACTORIES, ids=[b[1] for b in BAD_FACTORIES])
 def test_bad_factory_is_a_field_error_at_validate(user_dir, field, path, message):
     shutil.copy(USER_CODE / "good_factories.py", user_dir / "good_factories.py")
-    framework = "tensorflow" if "keras" in message else "pytorch"
+    framework = "tensorflow" if "keras" in (message or "") else "pytorch"
     run = cli("validate", user_dir / "job.yaml", "--set", f"{field}={path}", "--set", f"framework={framework}",
               "--set", "dataset.args={}")
     assert run.returncode == 2, run.stdout + run.stderr
