@@ -94,7 +94,7 @@ def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster,
                _text(start),  # rank 0's events as the rendered MPIJob emits them today (HVDK8S_EVENTS=text)
                _text({"event": "progress", "epoch": 1, "step": 5, "steps": 23, "loss": 2.1, "samples_per_s": 900.0}),
                _text(EPOCHS[0]))
-    time.sleep(1)
+    kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # following now: the rest arrives live
     feed.write("@hvdk8s " + json.dumps(EPOCHS[1]),  # ...or as JSON (HVDK8S_EVENTS=json)
                "[1,1]<stdout>:a rank's own print",
                _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"}))
@@ -135,12 +135,12 @@ def test_logs_follow_a_restarted_launcher_and_exit_1_when_the_job_failed(own_clu
     first = kubelet.feed(namespace, pod, "launcher")
     first.write("first attempt")
     follower = own_cluster.popen("logs", "-f", name, "-n", namespace)
-    time.sleep(3)
+    kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # it reads the first run's log
     first.close()  # the container failed; restartPolicy OnFailure restarts it in the same pod
     kubelet.feeds[(namespace, pod, "launcher")] = second = type(first)()
     second.write("second attempt")
     _launcher_pod(own_cluster, kubelet, namespace, name, restarts=1, pod=pod)
-    time.sleep(3)
+    kubelet.wait_for_followers(namespace, pod, "launcher", 2)  # ...and has come back for the restarted one
     second.close()
     operator.failed(f"MPIJob {namespace}/{name} has failed because 1 Launcher replica(s) failed.")
     out, errors = follower.communicate(timeout=90)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import ssl
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Optional
@@ -96,6 +97,16 @@ class FakeKubelet:
 
     def feed(self, namespace: str, pod: str, container: str) -> Feed:
         return self.feeds.setdefault((namespace, pod, container), Feed())
+
+    def wait_for_followers(self, namespace: str, pod: str, container: str, count: int, timeout: float = 60) -> None:
+        """Until the API server has opened `count` follows of this container's log (a test that changes
+        the log under a follower must know the follower is reading it: its start-up takes seconds)."""
+        path = f"/containerLogs/{namespace}/{pod}/{container}?follow=true"
+        deadline = time.monotonic() + timeout
+        while sum(1 for p, _ in list(self.requests) if p == path) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {count} follow(s) of {path} within {timeout}s: {self.requests}")
+            time.sleep(0.05)
 
     def close(self) -> None:
         for feed in self.feeds.values():
