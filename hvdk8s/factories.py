@@ -72,14 +72,19 @@ def resolve(path: str, field: str) -> Callable:
     return obj
 
 
+def _parameters(factory: Callable) -> dict[str, inspect.Parameter]:
+    """The factory's parameters by name; none known for callables without a signature (some builtins)."""
+    try:
+        return dict(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
 def call(factory: Callable, field: str, args: dict[str, Any], extra: Optional[dict[str, Any]] = None) -> Any:
     """factory(**args, **the `extra` keywords it accepts); its exceptions become FactoryErrors."""
     kwargs = dict(args)
     if extra:
-        try:
-            params = inspect.signature(factory).parameters
-        except (TypeError, ValueError):
-            params = {}
+        params = _parameters(factory)
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
         kwargs.update({k: v for k, v in extra.items() if (takes_any or k in params) and k not in kwargs})
     try:
@@ -90,11 +95,7 @@ def call(factory: Callable, field: str, args: dict[str, Any], extra: Optional[di
 
 def _unknown_info(factory: Callable, given: set[str]) -> list[str]:
     """Dataset facts (num_classes, ...) that `factory` requires and neither model.args nor the data gives."""
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in params if p.name in DATASET_INFO_KEYS and p.name not in given
+    return [p.name for p in _parameters(factory).values() if p.name in DATASET_INFO_KEYS and p.name not in given
             and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
