@@ -3,7 +3,7 @@
 The repository keeps `mpijob/`, `models/` and `data/` at its top level (the design card), but they
 install inside the one namespace `hvdk8s` so that no generic name lands in site-packages.
 """
-from setuptools import setup
+from setuptools import Extension, setup
 
 PACKAGE_DIR = {
     "hvdk8s": "hvdk8s",
@@ -25,6 +25,9 @@ setup(
     packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache",
               "hvdk8s.bench"],
     package_data={"hvdk8s": ["dashboards/*.json"]},  # the Grafana dashboard of the ranks' metrics
+    # A plain C library the launcher preloads into ranks (hvdk8s/tuning.py), not a Python module. Optional:
+    # without a C compiler hvdk8s installs and runs, its ranks waiting as Horovod and OpenMPI do.
+    ext_modules=[Extension("hvdk8s._sleepy_yield", ["hvdk8s/native/sleepy_yield.c"], optional=True)],
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
         "pydantic>=2.5,<3",

@@ -15,11 +15,14 @@ FUSION = {"no fusion": 0, "1 MB": 1 * MB, "128 MB": 128 * MB}
 CYCLE_MS = ("1", "5", "20")
 YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # (HOROVOD_CPU_OPERATIONS=gloo under the MPI controller crashed a rank with SIGSEGV here: not offered.)
+NOT_SLEEPY = {"LD_PRELOAD": None}  # without hvdk8s's sleepy yield (hvdk8s/tuning.py)
 UNDER_CONTENTION = {
-    "OpenMPI defaults": {"OMPI_MCA_mpi_yield_when_idle": None},  # unset: what hvdk8s's default replaces
-    "mpi_yield_when_idle (hvdk8s)": YIELD,
-    "yield + cycle 5 ms": {**YIELD, "HOROVOD_CYCLE_TIME": "5"},
-    "yield + Gloo controller": {**YIELD, "controller": "gloo"},
+    # unset: what hvdk8s's defaults replace
+    "OpenMPI defaults": {"OMPI_MCA_mpi_yield_when_idle": None, **NOT_SLEEPY},
+    "mpi_yield_when_idle + sleepy yield (hvdk8s)": YIELD,
+    "mpi_yield_when_idle alone": {**YIELD, **NOT_SLEEPY},
+    "yield + cycle 5 ms": {**YIELD, **NOT_SLEEPY, "HOROVOD_CYCLE_TIME": "5"},
+    "yield + Gloo controller": {**YIELD, **NOT_SLEEPY, "controller": "gloo"},
 }
 
 
@@ -52,12 +55,13 @@ def run(quick: bool) -> Comparison:
         **({} if quick else {"MPI + fp16": lambda: 1000 * step_seconds({**mlp, "compression": "fp16"}, "hvdk8s", 2)}),
     }, repeats)
     rows.extend(Row(config=name, group="controller, compression (MLP)", samples=s) for name, s in samples.items())
-    sweep("contended", UNDER_CONTENTION if not quick else dict(list(UNDER_CONTENTION.items())[:2]), "OpenMPI defaults",
+    sweep("contended", UNDER_CONTENTION if not quick else dict(list(UNDER_CONTENTION.items())[:3]), "OpenMPI defaults",
           contended=True)
     return Comparison("knobs", "Horovod knobs, 2 ranks, a model of 98 small tensors", "ms/step",
                       higher_is_better=False, rows=rows,
                       baseline={**{g: "defaults" for g in ("fusion threshold", "cycle time", "contended")},
                                 "controller, compression (MLP)": "MPI"},
                       notes="defaults: Horovod 0.28's fusion threshold 128 MB and cycle time 1 ms; under contention, "
-                            "OpenMPI's busy polling (what hvdk8s's mpi_yield_when_idle=1 replaces). Contended: "
+                            "OpenMPI's busy polling and plain sched_yield (what hvdk8s's mpi_yield_when_idle=1 and sleepy "
+                            "yield replace). Contended: "
                             "a torch DDP 2-rank job trains beside the measured one on the same 2 cores.")

@@ -43,8 +43,10 @@ def rank_env(np: int, extra: Optional[dict], mode: str = "hvdk8s") -> dict:
     env = local.environment(np)
     env.pop("HVDK8S_EVENTS", None)
     if mode != "hvdk8s":
-        for name in tuning.DEFAULTS:
+        for name in (*tuning.DEFAULTS, "LD_PRELOAD"):  # back to what this process was given
             env.pop(name, None)
+            if name in os.environ:
+                env[name] = os.environ[name]
     for name, value in (extra or {}).items():
         if value is None:
             env.pop(name, None)  # unset: e.g. Horovod's own default instead of hvdk8s's

@@ -1,6 +1,7 @@
 """The launcher's wait for its workers (hvdk8s.launch.workers), run for real on loopback: names that do not
 resolve, ports that refuse or never answer, a listener that is no SSH server, one that comes up late, and
 the command it execs once every worker answers."""
+import os
 import socket
 import subprocess
 import sys
@@ -134,9 +135,9 @@ def test_the_wait_is_bounded_and_says_why_for_each_worker(closed_port):
     assert "refused" in missing["127.0.0.1"] and missing["nope.invalid"].startswith("nope.invalid: ")
 
 
-def run_module(hostfile, *args, timeout=60):
+def run_module(hostfile, *args, timeout=60, env=None):
     return subprocess.run([sys.executable, "-m", "hvdk8s.launch.workers", "--hostfile", str(hostfile), *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_the_launcher_command_execs_mpirun_once_every_worker_answers(listener, tmp_path):
@@ -148,6 +149,27 @@ def test_the_launcher_command_execs_mpirun_once_every_worker_answers(listener, t
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "mpirun would start here\n"
     assert "all 2 worker(s) answer ssh" in proc.stderr
+
+
+def test_mpirun_forwards_the_sleepy_yield_to_every_rank(listener, tmp_path):
+    """A real mpirun (one local rank) started by the launcher's wait: the rank runs with the image's sleepy
+    yield preloaded ahead of the job's own preloads; HVDK8S_SLEEPY_YIELD=0 in the job's env leaves it out."""
+    from hvdk8s import tuning
+
+    library = tuning.sleepy_yield_library()
+    assert library is not None, "pip install builds hvdk8s/native/sleepy_yield.c (a C compiler is needed)"
+    server = listener()
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=1\n")
+    rank = [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD'))"]
+    base = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    base.pop("LD_PRELOAD", None)
+    for job_env, expected in (({}, str(library)), ({"LD_PRELOAD": "libc.so.6"}, f"{library} libc.so.6"),
+                              ({tuning.SLEEPY_YIELD_ENV: "0"}, "None")):
+        proc = run_module(hostfile, "--port", str(server.port), "--timeout", "10", "--",
+                          "mpirun", "-np", "1", *rank, env={**base, **job_env})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == expected, (job_env, proc.stdout)
 
 
 def test_the_launcher_command_gives_up_with_a_line_per_worker(closed_port, tmp_path):
