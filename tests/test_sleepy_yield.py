@@ -42,10 +42,11 @@ def test_a_wait_that_met_a_busy_core_sleeps_for_the_rest_of_it():
     assert int(calls) > 500, out.stdout  # it kept returning: a wait that sleeps, not one stuck
 
 
-def test_local_ranks_get_it_ahead_of_their_own_preloads_unless_turned_off():
+def test_local_ranks_get_it_ahead_of_their_own_preloads_unless_turned_off_or_alone():
     lib = str(library())
     assert local.environment(2, base={})["LD_PRELOAD"] == lib
     assert local.environment(2, base={"LD_PRELOAD": "libfoo.so:libbar.so"})["LD_PRELOAD"] == f"{lib} libfoo.so libbar.so"
     assert local.environment(2, base={"LD_PRELOAD": lib})["LD_PRELOAD"] == lib  # not twice
     off = local.environment(2, base={tuning.SLEEPY_YIELD_ENV: "0", "LD_PRELOAD": "libfoo.so"})
     assert off["LD_PRELOAD"] == "libfoo.so"
+    assert "LD_PRELOAD" not in local.environment(1, base={})  # one rank waits for no peer
