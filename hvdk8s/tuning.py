@@ -7,8 +7,8 @@ allreduces) yields its core instead of spinning on it. On 2 shared cores with a 
 beside it, a 2-rank MLP step took 2.07x as long as torch DDP's with OpenMPI's default and 1.39x with
 this; on an idle machine it was also faster (47 against 55 ms; DDP 66 ms).
 
-The sleepy yield (hvdk8s/native/sleepy_yield.c, preloaded into local ranks and, by the launcher's wait,
-into an MPIJob's): a yield is still a busy wait, and Horovod's background threads meet every cycle, so one
+The sleepy yield (hvdk8s/native/sleepy_yield.c, preloaded into single-threaded ranks of local launches
+and, by the launcher's wait, of MPIJobs): a yield is still a busy wait, and Horovod's background threads meet every cycle, so one
 rank's thread waits nearly all the time (4.98 CPU-s in 5 s of an idle 2-rank job). The preloaded
 sched_yield keeps yielding while no other thread wants the core, and sleeps for the rest of a wait once
 one did. Beside a second 2-rank job the MLP step went from 1.17x to 1.04x DDP's (sleeping from the first
@@ -36,18 +36,22 @@ def sleepy_yield_library() -> Optional[Path]:
 
 def preloads(env: MutableMapping[str, str]) -> Optional[str]:
     """LD_PRELOAD for ranks started with `env`: the sleepy yield ahead of what env preloads, or None
-    where it is off or not built."""
+    where it is off, not built, or the ranks run more than one intra-op thread (OMP_NUM_THREADS other
+    than 1: libtorch's own thread waits call sched_yield too, and a 1-rank MLP step with 2 threads
+    measured 1.24x plain PyTorch's with it preloaded; single-threaded ranks are what was measured)."""
     library = sleepy_yield_library()
-    if library is None or env.get(SLEEPY_YIELD_ENV, "1") == "0" or any(c in str(library) for c in " :"):
-        return None  # (LD_PRELOAD splits at spaces and colons: such a path cannot be preloaded)
+    if library is None or env.get(SLEEPY_YIELD_ENV, "1") == "0" or env.get("OMP_NUM_THREADS") != "1":
+        return None
+    if any(c in str(library) for c in " :"):
+        return None  # LD_PRELOAD splits at spaces and colons: such a path cannot be preloaded
     others = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != str(library)]
     return " ".join([str(library), *others])
 
 
 def apply(env: MutableMapping[str, str], ranks: int = 2) -> MutableMapping[str, str]:
-    """`env` with each default added unless it already names that variable, and, for more than one rank,
-    the sleepy yield preloaded (a single rank has no peer to wait for; its intra-op threads are left
-    alone: a 1-rank MLP step measured 1.24x plain PyTorch's with it preloaded)."""
+    """`env` (with the ranks' OMP_NUM_THREADS) with each default added unless it already names that
+    variable, and, for more than one rank, the sleepy yield preloaded (`preloads`; a single rank has no
+    peer to wait for)."""
     for name, value in DEFAULTS.items():
         env.setdefault(name, value)
     preload = preloads(env) if ranks > 1 else None

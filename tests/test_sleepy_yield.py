@@ -50,3 +50,10 @@ def test_local_ranks_get_it_ahead_of_their_own_preloads_unless_turned_off_or_alo
     off = local.environment(2, base={tuning.SLEEPY_YIELD_ENV: "0", "LD_PRELOAD": "libfoo.so"})
     assert off["LD_PRELOAD"] == "libfoo.so"
     assert "LD_PRELOAD" not in local.environment(1, base={})  # one rank waits for no peer
+
+
+def test_ranks_with_several_intra_op_threads_do_not_get_it():
+    assert tuning.preloads({"OMP_NUM_THREADS": "1"}) == str(library())
+    for threads in ("4", None):
+        env = {} if threads is None else {"OMP_NUM_THREADS": threads}
+        assert tuning.preloads(env) is None, threads

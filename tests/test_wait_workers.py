@@ -153,7 +153,8 @@ def test_the_launcher_command_execs_mpirun_once_every_worker_answers(listener, t
 
 def test_mpirun_forwards_the_sleepy_yield_to_every_rank(listener, tmp_path):
     """A real mpirun (one local rank) started by the launcher's wait: the rank runs with the image's sleepy
-    yield preloaded ahead of the job's own preloads; HVDK8S_SLEEPY_YIELD=0 in the job's env leaves it out."""
+    yield preloaded ahead of the job's own preloads; HVDK8S_SLEEPY_YIELD=0 in the job's env, or ranks with
+    several threads, leave it out."""
     from hvdk8s import tuning
 
     library = tuning.sleepy_yield_library()
@@ -162,10 +163,11 @@ def test_mpirun_forwards_the_sleepy_yield_to_every_rank(listener, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1\n")
     rank = [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD'))"]
-    base = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    base = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMP_NUM_THREADS": "1"}  # a CPU job's single-threaded ranks (mpijob/environment.py sets it)
     base.pop("LD_PRELOAD", None)
     for job_env, expected in (({}, str(library)), ({"LD_PRELOAD": "libc.so.6"}, f"{library} libc.so.6"),
-                              ({tuning.SLEEPY_YIELD_ENV: "0"}, "None")):
+                              ({tuning.SLEEPY_YIELD_ENV: "0"}, "None"), ({"OMP_NUM_THREADS": "4"}, "None")):
         proc = run_module(hostfile, "--port", str(server.port), "--timeout", "10", "--",
                           "mpirun", "-np", "1", *rank, env={**base, **job_env})
         assert proc.returncode == 0, proc.stderr

@@ -136,7 +136,7 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
     """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON, the
     job file, the job file's folder importable (for `factory` paths and scripts' own modules), and
     the bound on a hung rank."""
-    env = tuning.apply(dict(os.environ if base is None else base), ranks=np)
+    env = dict(os.environ if base is None else base)
     env.update(stall_env(stall_timeout))
     if job_file is not None:
         env[JOB_ENV] = str(job_file)
@@ -153,7 +153,7 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
         "HVDK8S_EVENTS": "json",
         "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     })
-    return env
+    return tuning.apply(env, ranks=np)  # after OMP_NUM_THREADS, which decides the preload
 
 
 def prepare_dataset(spec):
