@@ -37,8 +37,9 @@ def sleepy_yield_library() -> Optional[Path]:
 def preloads(env: MutableMapping[str, str]) -> Optional[str]:
     """LD_PRELOAD for ranks started with `env`: the sleepy yield ahead of what env preloads, or None
     where it is off, not built, or the ranks run more than one intra-op thread (OMP_NUM_THREADS other
-    than 1: libtorch's own thread waits call sched_yield too, and a 1-rank MLP step with 2 threads
-    measured 1.24x plain PyTorch's with it preloaded; single-threaded ranks are what was measured)."""
+    than 1, a precaution: libtorch's own thread waits call sched_yield too, and one run of a 1-rank
+    2-thread MLP step measured 1.24x plain PyTorch's with it preloaded, a recheck 1.08x against 1.07x
+    without; single-threaded ranks are what was measured)."""
     library = sleepy_yield_library()
     if library is None or env.get(SLEEPY_YIELD_ENV, "1") == "0" or env.get("OMP_NUM_THREADS") != "1":
         return None
