@@ -1,6 +1,6 @@
 """Settings hvdk8s gives OpenMPI and Horovod unless the user's environment names them, chosen from
 measurements (`hvdk8s bench --only knobs,peers`, bench/results/README.md). Local launches and
-rendered MPIJobs both take DEFAULTS from here; local launches also preload the sleepy yield.
+rendered MPIJobs both take DEFAULTS from here, and the sleepy yield's preload (`preloads`).
 
 OMPI_MCA_mpi_yield_when_idle=1: a rank waiting in MPI (Horovod's background thread, between and during
 allreduces) yields its core instead of spinning on it. On 2 shared cores with a second 2-rank job
@@ -8,8 +8,8 @@ beside it, a 2-rank MLP step took 2.07x as long as torch DDP's with OpenMPI's de
 this; on an idle machine it was also faster (47 against 55 ms; DDP 66 ms).
 
 The sleepy yield (hvdk8s/native/sleepy_yield.c, preloaded into single-threaded ranks of local launches
-and, by the launcher's wait, of MPIJobs): a yield is still a busy wait, and Horovod's background threads meet every cycle, so one
-rank's thread waits nearly all the time (4.98 CPU-s in 5 s of an idle 2-rank job). The preloaded
+and, by the launcher's wait, of MPIJobs): a yield is still a busy wait, and Horovod's background
+threads meet every cycle, so one rank's thread waits nearly all the time (4.98 CPU-s in 5 s of an idle 2-rank job). The preloaded
 sched_yield keeps yielding while no other thread wants the core, and sleeps for the rest of a wait once
 one did. Beside a second 2-rank job the MLP step went from 1.17x to 1.04x DDP's (sleeping from the first
 yield: 0.96x, but 1.07-1.14x idle, where polling is what keeps an allreduce fast).
@@ -49,7 +49,7 @@ def preloads(env: MutableMapping[str, str]) -> Optional[str]:
     return " ".join([str(library), *others])
 
 
-def apply(env: MutableMapping[str, str], ranks: int = 2) -> MutableMapping[str, str]:
+def apply(env: MutableMapping[str, str], *, ranks: int) -> MutableMapping[str, str]:
     """`env` (with the ranks' OMP_NUM_THREADS) with each default added unless it already names that
     variable, and, for more than one rank, the sleepy yield preloaded (`preloads`; a single rank has no
     peer to wait for)."""
