@@ -27,7 +27,7 @@ setup(
     package_data={"hvdk8s": ["dashboards/*.json"]},  # the Grafana dashboard of the ranks' metrics
     # A plain C library the launcher preloads into ranks (hvdk8s/tuning.py), not a Python module. Optional:
     # without a C compiler hvdk8s installs and runs, its ranks waiting as Horovod and OpenMPI do.
-    ext_modules=[Extension("hvdk8s._sleepy_yield", ["hvdk8s/native/sleepy_yield.c"], optional=True)],
+    ext_modules=[Extension("hvdk8s._sleepy_negotiation", ["hvdk8s/native/sleepy_negotiation.c"], optional=True)],
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
         "pydantic>=2.5,<3",

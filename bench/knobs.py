@@ -15,11 +15,11 @@ FUSION = {"no fusion": 0, "1 MB": 1 * MB, "128 MB": 128 * MB}
 CYCLE_MS = ("1", "5", "20")
 YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # (HOROVOD_CPU_OPERATIONS=gloo under the MPI controller crashed a rank with SIGSEGV here: not offered.)
-NOT_SLEEPY = {"LD_PRELOAD": None}  # without hvdk8s's sleepy yield (hvdk8s/tuning.py)
+NOT_SLEEPY = {"LD_PRELOAD": None}  # without hvdk8s's sleepy negotiation (hvdk8s/tuning.py)
 UNDER_CONTENTION = {
     # unset: what hvdk8s's defaults replace
     "OpenMPI defaults": {"OMPI_MCA_mpi_yield_when_idle": None, **NOT_SLEEPY},
-    "mpi_yield_when_idle + sleepy yield (hvdk8s)": YIELD,
+    "mpi_yield_when_idle + sleepy negotiation (hvdk8s)": YIELD,
     "mpi_yield_when_idle alone": {**YIELD, **NOT_SLEEPY},
     "yield + cycle 5 ms": {**YIELD, **NOT_SLEEPY, "HOROVOD_CYCLE_TIME": "5"},
     "yield + Gloo controller": {**YIELD, **NOT_SLEEPY, "controller": "gloo"},
@@ -27,7 +27,7 @@ UNDER_CONTENTION = {
 
 
 def run(quick: bool) -> Comparison:
-    steps, repeats = (5, 1) if quick else (40, 1)
+    steps, repeats = (5, 1) if quick else (40, 3)
     model = "many-small"
     config = {"model": model, "batch": 32, "steps": steps}
     rows = []
@@ -62,6 +62,6 @@ def run(quick: bool) -> Comparison:
                       baseline={**{g: "defaults" for g in ("fusion threshold", "cycle time", "contended")},
                                 "controller, compression (MLP)": "MPI"},
                       notes="defaults: Horovod 0.28's fusion threshold 128 MB and cycle time 1 ms; under contention, "
-                            "OpenMPI's busy polling and plain sched_yield (what hvdk8s's mpi_yield_when_idle=1 and sleepy "
-                            "yield replace). Contended: "
+                            "OpenMPI's busy polling everywhere, Horovod's negotiation included (what hvdk8s's "
+                            "mpi_yield_when_idle=1 and sleepy negotiation replace). Contended: "
                             "a torch DDP 2-rank job trains beside the measured one on the same 2 cores.")

@@ -151,23 +151,22 @@ def test_the_launcher_command_execs_mpirun_once_every_worker_answers(listener, t
     assert "all 2 worker(s) answer ssh" in proc.stderr
 
 
-def test_mpirun_forwards_the_sleepy_yield_to_every_rank(listener, tmp_path):
+def test_mpirun_forwards_the_sleepy_negotiation_to_every_rank(listener, tmp_path):
     """A real mpirun (one local rank) started by the launcher's wait: the rank runs with the image's sleepy
-    yield preloaded ahead of the job's own preloads; HVDK8S_SLEEPY_YIELD=0 in the job's env, or ranks with
-    several threads, leave it out."""
+    negotiation preloaded ahead of the job's own preloads, multi-threaded ranks too; HVDK8S_SLEEPY_NEGOTIATION=0
+    in the job's env leaves it out."""
     from hvdk8s import tuning
 
-    library = tuning.sleepy_yield_library()
-    assert library is not None, "pip install builds hvdk8s/native/sleepy_yield.c (a C compiler is needed)"
+    library = tuning.sleepy_negotiation_library()
+    assert library is not None, "pip install builds hvdk8s/native/sleepy_negotiation.c (a C compiler is needed)"
     server = listener()
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1\n")
     rank = [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD'))"]
-    base = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            "OMP_NUM_THREADS": "1"}  # a CPU job's single-threaded ranks (mpijob/environment.py sets it)
+    base = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     base.pop("LD_PRELOAD", None)
     for job_env, expected in (({}, str(library)), ({"LD_PRELOAD": "libc.so.6"}, f"{library} libc.so.6"),
-                              ({tuning.SLEEPY_YIELD_ENV: "0"}, "None"), ({"OMP_NUM_THREADS": "4"}, "None")):
+                              ({"OMP_NUM_THREADS": "4"}, str(library)), ({tuning.SLEEPY_NEGOTIATION_ENV: "0"}, "None")):
         proc = run_module(hostfile, "--port", str(server.port), "--timeout", "10", "--",
                           "mpirun", "-np", "1", *rank, env={**base, **job_env})
         assert proc.returncode == 0, proc.stderr

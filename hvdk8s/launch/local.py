@@ -153,7 +153,7 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
         "HVDK8S_EVENTS": "json",
         "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     })
-    return tuning.apply(env, ranks=np)  # after OMP_NUM_THREADS, which decides the preload
+    return tuning.apply(env, ranks=np)
 
 
 def prepare_dataset(spec):

@@ -1,0 +1,49 @@
+"""Runs on 2 real Horovod ranks (MPI controller); writes OUT/rank<r>.json for tests/test_sleepy_negotiation.py.
+
+Records the CPU time of the whole rank while its training thread sleeps SECONDS (Horovod's background
+thread keeps negotiating every cycle), then Open MPI's MPI_Allreduce as every caller in the process finds
+it (the preloaded one where hvdk8s preloads it) with MPI_BAND, MPI_BOR and MPI_SUM on 64-bit integers."""
+import ctypes
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+out_dir, seconds = Path(sys.argv[1]), float(sys.argv[2])
+hvd.init()
+rank = hvd.rank()
+hvd.allreduce(torch.zeros(1), name="warm-up")  # both background threads are cycling
+
+before = resource.getrusage(resource.RUSAGE_SELF)
+time.sleep(seconds)
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+process = ctypes.CDLL(None)  # the global scope: LD_PRELOAD first, then Open MPI (Horovod loads it RTLD_GLOBAL)
+
+
+def predefined(name: str) -> ctypes.c_void_p:
+    """An Open MPI predefined handle (MPI_COMM_WORLD, MPI_BAND, ...): the address of its global object."""
+    return ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(process, name)))
+
+
+IN_PLACE = ctypes.c_void_p(1)  # MPI_IN_PLACE in Open MPI
+
+
+def allreduce(values: list[int], op: str) -> list[int]:
+    buffer = (ctypes.c_longlong * len(values))(*values)
+    rc = process.MPI_Allreduce(IN_PLACE, buffer, len(values), predefined("ompi_mpi_long_long_int"),
+                               predefined(op), predefined("ompi_mpi_comm_world"))
+    assert rc == 0, rc
+    return list(buffer)
+
+
+mine = [0b1010 | (1 << (4 + rank)), -1, 1 << (20 + rank), 0]
+result = {"cpu_s": cpu_s, "wall_s": seconds, "and": allreduce(mine, "ompi_mpi_op_band"),
+          "or": allreduce(mine, "ompi_mpi_op_bor"), "sum": allreduce([rank + 1, 10], "ompi_mpi_op_sum")}
+hvd.allreduce(torch.zeros(1), name="done")
+(out_dir / f"rank{rank}.json").write_text(json.dumps(result))

@@ -1,0 +1,71 @@
+"""The sleepy negotiation (hvdk8s/native/sleepy_negotiation.c): built by pip install, preloaded into local
+ranks, and on 2 real Horovod ranks the background threads' per-cycle bitwise allreduce waited for asleep,
+with the same results as Open MPI's."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvdk8s import tuning
+from hvdk8s.launch import local
+
+from conftest import RANK_SCRIPTS, rank_results
+
+SLEEP_S = 2.0
+
+
+def library():
+    found = tuning.sleepy_negotiation_library()
+    assert found is not None, "pip install builds hvdk8s/native/sleepy_negotiation.c (a C compiler is needed)"
+    return found
+
+
+def idle_ranks(tmp_path, **env):
+    """Two ranks whose training threads sleep SLEEP_S while Horovod's background threads cycle."""
+    out = tmp_path / ("off" if env else "on")
+    out.mkdir()
+    proc = subprocess.run(local.command([sys.executable, str(RANK_SCRIPTS / "negotiation.py"), str(out), str(SLEEP_S)], 2),
+                          env=local.environment(2, base={**os.environ, **env}), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    return rank_results(out)
+
+
+@pytest.fixture(scope="module")
+def asleep_and_polling(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("negotiation")
+    return idle_ranks(tmp), idle_ranks(tmp, **{tuning.SLEEPY_NEGOTIATION_ENV: "0"})
+
+
+def test_idle_ranks_wait_for_each_other_asleep(asleep_and_polling):
+    """Without it one rank's background thread polls through nearly the whole idle time (2.99 CPU-s in
+    3 s, measured): that control runs here too, so the test shows the difference, not just a low number."""
+    asleep, polling = asleep_and_polling
+    assert max(r["cpu_s"] for r in asleep) < 0.25 * SLEEP_S, asleep
+    assert max(r["cpu_s"] for r in polling) > 0.6 * SLEEP_S, polling
+
+
+def test_bitwise_and_other_reductions_give_open_mpis_results(asleep_and_polling):
+    for results in asleep_and_polling:  # the preloaded MPI_Allreduce, then Open MPI's own
+        for r in results:
+            assert r["and"] == [0b1010, -1, 0, 0], r
+            assert r["or"] == [0b1010 | 0b110000, -1, 0b11 << 20, 0], r
+            assert r["sum"] == [3, 20], r
+
+
+def test_local_ranks_get_it_ahead_of_their_own_preloads_unless_turned_off_or_alone():
+    lib = str(library())
+    assert local.environment(2, base={})["LD_PRELOAD"] == lib
+    assert local.environment(2, base={"LD_PRELOAD": "libfoo.so:libbar.so"})["LD_PRELOAD"] == f"{lib} libfoo.so libbar.so"
+    assert local.environment(2, base={"LD_PRELOAD": lib})["LD_PRELOAD"] == lib  # not twice
+    off = local.environment(2, base={tuning.SLEEPY_NEGOTIATION_ENV: "0", "LD_PRELOAD": "libfoo.so"})
+    assert off["LD_PRELOAD"] == "libfoo.so"
+    assert "LD_PRELOAD" not in local.environment(1, base={})  # one rank waits for no peer
+
+
+def test_multi_threaded_ranks_get_it_too():
+    """It changes no sched_yield, so libtorch's intra-op threads wait as they always did."""
+    for threads in ("1", "4", None):
+        env = {} if threads is None else {"OMP_NUM_THREADS": threads}
+        assert tuning.preloads(env) == str(library()), threads
