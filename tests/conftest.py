@@ -127,6 +127,15 @@ def session_members(session: int) -> list[int]:
     return found
 
 
+def sleepy_negotiation_library() -> Path:
+    """The library pip built from hvdk8s/native/sleepy_negotiation.c (the project's set-up installs a C compiler)."""
+    from hvdk8s import tuning
+
+    found = tuning.sleepy_negotiation_library()
+    assert found is not None, "pip install builds hvdk8s/native/sleepy_negotiation.c (a C compiler is needed)"
+    return found
+
+
 def rank_results(out_dir: Path, np: int = 2) -> list[dict]:
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np)]
 

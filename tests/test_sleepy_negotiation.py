@@ -10,15 +10,9 @@ import pytest
 from hvdk8s import tuning
 from hvdk8s.launch import local
 
-from conftest import RANK_SCRIPTS, rank_results
+from conftest import RANK_SCRIPTS, rank_results, sleepy_negotiation_library as library
 
 SLEEP_S = 2.0
-
-
-def library():
-    found = tuning.sleepy_negotiation_library()
-    assert found is not None, "pip install builds hvdk8s/native/sleepy_negotiation.c (a C compiler is needed)"
-    return found
 
 
 def idle_ranks(tmp_path, **env):

@@ -12,6 +12,8 @@ import pytest
 
 from hvdk8s.launch import workers
 
+from conftest import sleepy_negotiation_library
+
 BANNER = b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13\r\n"
 
 
@@ -157,8 +159,7 @@ def test_mpirun_forwards_the_sleepy_negotiation_to_every_rank(listener, tmp_path
     in the job's env leaves it out."""
     from hvdk8s import tuning
 
-    library = tuning.sleepy_negotiation_library()
-    assert library is not None, "pip install builds hvdk8s/native/sleepy_negotiation.c (a C compiler is needed)"
+    library = sleepy_negotiation_library()
     server = listener()
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1\n")
