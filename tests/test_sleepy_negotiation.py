@@ -16,7 +16,7 @@ SLEEP_S = 2.0
 
 
 def idle_ranks(tmp_path, **env):
-    """Two ranks whose training threads sleep SLEEP_S while Horovod's background threads cycle."""
+    """Two ranks: rank 1 stopped for SLEEP_S while rank 0's training thread sleeps (tests/ranks/negotiation.py)."""
     out = tmp_path / ("off" if env else "on")
     out.mkdir()
     proc = subprocess.run(local.command([sys.executable, str(RANK_SCRIPTS / "negotiation.py"), str(out), str(SLEEP_S)], 2),
@@ -33,11 +33,15 @@ def asleep_and_polling(tmp_path_factory):
 
 
 def test_idle_ranks_wait_for_each_other_asleep(asleep_and_polling):
-    """Without it one rank's background thread polls through nearly the whole idle time (2.99 CPU-s in
-    3 s, measured): that control runs here too, so the test shows the difference, not just a low number."""
-    asleep, polling = asleep_and_polling
-    assert max(r["cpu_s"] for r in asleep) < 0.25 * SLEEP_S, asleep
-    assert max(r["cpu_s"] for r in polling) > 0.6 * SLEEP_S, polling
+    """Rank 0's background thread waits SLEEP_S for a stopped peer in Horovod's negotiation. Without the
+    library it polls through nearly all of it: that control runs here too, so the test shows the
+    difference, not just a low number. (In an idle job the ranks' offset drifts until one rank waits out
+    every cycle, 2.99 CPU-s in 3 s measured; the stopped peer makes that wait certain.)"""
+    asleep, polling = (results[0] for results in asleep_and_polling)  # rank 0 waited for a stopped rank 1
+    assert asleep["cpu_s"] < 0.25 * SLEEP_S, asleep
+    # Polling yields, so beside other work it gets less than the core (0.70-0.86 CPU-s in 2 s beside two
+    # busy processes, 2.0 idle; asleep 0.02-0.09 either way, measured).
+    assert polling["cpu_s"] > max(0.25 * SLEEP_S, 4 * asleep["cpu_s"]), (asleep, polling)
 
 
 def test_bitwise_and_other_reductions_give_open_mpis_results(asleep_and_polling):

@@ -1,11 +1,14 @@
 """Runs on 2 real Horovod ranks (MPI controller); writes OUT/rank<r>.json for tests/test_sleepy_negotiation.py.
 
-Records the CPU time of the whole rank while its training thread sleeps SECONDS (Horovod's background
-thread keeps negotiating every cycle), then Open MPI's MPI_Allreduce as every caller in the process finds
-it (the preloaded one where hvdk8s preloads it) with MPI_BAND, MPI_BOR and MPI_SUM on 64-bit integers."""
+Rank 1 stops itself (SIGSTOP) so that rank 0's Horovod background thread waits for it in the per-cycle
+negotiation for SECONDS; rank 0 records its own CPU time meanwhile (its training thread sleeps), then
+resumes rank 1. Then Open MPI's MPI_Allreduce as every caller in the process finds it (the preloaded one
+where hvdk8s preloads it) with MPI_BAND, MPI_BOR and MPI_SUM on 64-bit integers."""
 import ctypes
 import json
+import os
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,12 +19,18 @@ import torch
 out_dir, seconds = Path(sys.argv[1]), float(sys.argv[2])
 hvd.init()
 rank = hvd.rank()
-hvd.allreduce(torch.zeros(1), name="warm-up")  # both background threads are cycling
-
-before = resource.getrusage(resource.RUSAGE_SELF)
-time.sleep(seconds)
-after = resource.getrusage(resource.RUSAGE_SELF)
-cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+pids = hvd.allgather_object(os.getpid(), name="pids")  # one machine: rank 0 can signal rank 1
+cpu_s = None
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)  # until rank 0 sends SIGCONT
+else:
+    while open(f"/proc/{pids[1]}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        time.sleep(0.01)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(seconds)  # the background thread waits for the stopped peer meanwhile
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    os.kill(pids[1], signal.SIGCONT)
 
 process = ctypes.CDLL(None)  # the global scope: LD_PRELOAD first, then Open MPI (Horovod loads it RTLD_GLOBAL)
 
