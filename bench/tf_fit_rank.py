@@ -1,6 +1,7 @@
 """One rank of the TensorFlow benchmark: Keras `model.fit` on this rank's part of synthetic images,
 plain ("keras": no Horovod at all) or through hvdk8s.tensorflow ("hvdk8s"). Rank 0 writes the global
-training samples/s of the last epoch.
+training samples/s: the median over epochs after the first (TensorFlow's epochs on
+this machine swing by up to 1.5x within one process), and each of those epochs' rates.
 
     python -m hvdk8s.bench.tf_fit_rank '{"mode": "keras" | "hvdk8s", "samples": N, "epochs": N, "out": PATH}'
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -18,11 +20,17 @@ import numpy as np  # noqa: E402
 
 
 class EpochTimer(keras.callbacks.Callback):
+    """Each epoch's wall seconds."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds: list[float] = []
+
     def on_epoch_begin(self, epoch, logs=None):
         self.began = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.began
+        self.seconds.append(time.perf_counter() - self.began)
 
 
 def main(config: dict) -> None:
@@ -47,7 +55,8 @@ def main(config: dict) -> None:
     model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[*callbacks, timer], shuffle=True)
     if rank == 0:
         with open(config["out"], "w") as f:
-            json.dump({"samples_per_s": len(x) * size / timer.seconds}, f)
+            rates = [len(x) * size / s for s in timer.seconds[1:]]  # the first epoch traces and warms up
+            json.dump({"samples_per_s": statistics.median(rates), "epochs": rates}, f)
 
 
 if __name__ == "__main__":
