@@ -55,7 +55,8 @@ def main(config: dict) -> None:
     model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[*callbacks, timer], shuffle=True)
     if rank == 0:
         with open(config["out"], "w") as f:
-            rates = [len(x) * size / s for s in timer.seconds[1:]]  # the first epoch traces and warms up
+            counted = timer.seconds[1:] or timer.seconds  # the first epoch traces and warms up
+            rates = [len(x) * size / s for s in counted]
             json.dump({"samples_per_s": statistics.median(rates), "epochs": rates}, f)
 
 
