@@ -54,6 +54,27 @@ class Comparison:
         return out
 
 
+def fast_mode_threshold(values: list[float], min_gap: float = 1.15) -> Optional[float]:
+    """Where `values` split into a slow and a fast mode, or None when they form one mode.
+
+    The split is one-dimensional two-means (the cut that leaves the least squared spread within the
+    two sides); the values are bimodal only when the fast side's mean is at least `min_gap` times the
+    slow side's, so ordinary noise never splits."""
+    ordered = sorted(values)
+    best: Optional[tuple[float, int]] = None
+    for cut in range(1, len(ordered)):
+        slow, fast = ordered[:cut], ordered[cut:]
+        spread = sum((v - statistics.fmean(side)) ** 2 for side in (slow, fast) for v in side)
+        if best is None or spread < best[0]:
+            best = (spread, cut)
+    if best is None:
+        return None
+    slow, fast = ordered[:best[1]], ordered[best[1]:]
+    if statistics.fmean(fast) < min_gap * statistics.fmean(slow):
+        return None
+    return (slow[-1] + fast[0]) / 2
+
+
 def interleaved(configs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     """{config: [value per repeat]}, measured A B C A B C ... so that drift in the machine's load
     falls on every configuration alike."""

@@ -2,7 +2,7 @@
 (the wrapper's cost), and at 2 ranks against 1 (scaling on this machine's cores)."""
 from __future__ import annotations
 
-from hvdk8s.bench.core import Comparison, Row, interleaved
+from hvdk8s.bench.core import Comparison, Row, fast_mode_threshold, interleaved
 from hvdk8s.bench.ranks import run_json
 
 RANK_MODULE = "hvdk8s.bench.tf_fit_rank"
@@ -28,8 +28,23 @@ def run(quick: bool) -> Comparison:
         return Row(config=config, group=group, samples=samples[label],
                    extra={"epochs_samples_per_s": [round(r, 1) for r in epochs[label]]})
 
-    rows = [row("plain Keras", "1 rank", "plain Keras"), row("hvdk8s", "1 rank", "hvdk8s, 1 rank"),
-            row("1 rank", "hvdk8s scaling", "hvdk8s, 1 rank"), row("2 ranks", "hvdk8s scaling", "hvdk8s, 2 ranks")]
+    rows = [row("plain Keras", "1 rank", "plain Keras"), row("hvdk8s", "1 rank", "hvdk8s, 1 rank")]
+    # The 1-rank epochs of both configurations pooled: where they fall into a fast and a slow mode, the
+    # fast epochs of each are compared on their own, and each configuration's share of slow epochs shown.
+    one_rank = {"plain Keras": "plain Keras", "hvdk8s": "hvdk8s, 1 rank"}
+    threshold = fast_mode_threshold([r for label in one_rank.values() for r in epochs[label]])
+    notes = "Each run's rate is the median of its epochs after the first."
+    if threshold is not None:
+        for config, label in one_rank.items():
+            fast = [r for r in epochs[label] if r >= threshold]
+            rows.append(Row(config=config, group="1 rank, fast epochs", samples=fast or [0.0],
+                            extra={"slow_epochs": len(epochs[label]) - len(fast), "epochs": len(epochs[label])}))
+        shares = ", ".join(f"{config} {r.extra['slow_epochs']} of {r.extra['epochs']}"
+                           for config, r in zip(one_rank, rows[-2:]))
+        notes += (f" The 1-rank epochs fall into two modes (split at {threshold:,.0f} samples/s); "
+                  f"\"fast epochs\" compares each configuration's epochs above it (n: epochs). Slow epochs: {shares}.")
+    rows += [row("1 rank", "hvdk8s scaling", "hvdk8s, 1 rank"), row("2 ranks", "hvdk8s scaling", "hvdk8s, 2 ranks")]
     return Comparison("tf_fit", "TensorFlow/Keras 3: model.fit through hvdk8s.tensorflow", "samples/s",
-                      higher_is_better=True, baseline={"1 rank": "plain Keras", "hvdk8s scaling": "1 rank"},
-                      rows=rows, target=">= 0.98x of plain Keras at 1 rank")
+                      higher_is_better=True, rows=rows, notes=notes, target=">= 0.98x of plain Keras at 1 rank",
+                      baseline={"1 rank": "plain Keras", "1 rank, fast epochs": "plain Keras",
+                                "hvdk8s scaling": "1 rank"})

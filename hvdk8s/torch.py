@@ -33,6 +33,7 @@ from horovod.common.elastic import ObjectState
 
 from hvdk8s import _adapter, compression as _compression, metrics as _metrics, precision as _precision
 from hvdk8s._adapter import CONTRACT
+from hvdk8s._torch_launch import lean_launch
 
 rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_size
 Average, Sum = hvd.Average, hvd.Sum
@@ -121,6 +122,7 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
         wrapped.synchronize = _nothing_to_average
     else:
         wrapped.synchronize = _timed(_waits_asleep(wrapped, wrapped.synchronize))
+        lean_launch(wrapped)  # each gradient's allreduce straight to Horovod's C++ queue
     # Horovod builds a new optimizer from the param groups: carry over state restored from a checkpoint.
     if optimizer.state_dict()["state"]:
         wrapped.load_state_dict(optimizer.state_dict())

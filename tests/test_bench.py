@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, cli
-from hvdk8s.bench.core import Comparison, Row, interleaved
+from hvdk8s.bench.core import Comparison, Row, fast_mode_threshold, interleaved
 
 GPU_JOB = ROOT / "tests" / "golden" / "gpu-4x8-rdma" / "job.yaml"
 
@@ -148,3 +148,11 @@ def test_any_log_becomes_a_report_or_a_message_naming_the_file(tmp_path_factory)
         assert "## Allreduce bus bandwidth" in report.markdown(comparisons, {}, False)
 
     check()
+
+
+def test_two_modes_split_only_where_the_values_are_bimodal():
+    fast, slow = [2300.0, 2250.0, 2410.0, 2330.0], [1600.0, 1650.0, 1560.0]
+    threshold = fast_mode_threshold(fast + slow)
+    assert max(slow) < threshold < min(fast)
+    assert fast_mode_threshold(fast) is None  # noise within one mode never splits
+    assert fast_mode_threshold([2300.0]) is None and fast_mode_threshold([]) is None

@@ -65,6 +65,13 @@ def test_two_half_batches_equal_one_whole_batch_in_fp32(results):
         assert r["equivalence"]["transformer_fp32"]["max_abs_diff"] < 1e-5
 
 
+def test_the_direct_gradient_launch_averages_exactly_as_horovods_own(results):
+    for r in results:
+        assert {label: c["direct"] for label, c in r["launch"].items()} == {
+            "average": True, "average, predivided": True, "sum": True, "adasum": False}  # Adasum: Horovod's
+        assert all(c["identical"] for c in r["launch"].values()), r["launch"]
+
+
 def test_fp16_compression_stays_within_its_rounding(results):
     for r in results:
         fp16 = r["equivalence"]["mlp_fp16"]

@@ -240,6 +240,33 @@ res["step"] = {
 res["scaled_lr"] = [ht.scaled_learning_rate(0.1), ht.scaled_learning_rate(0.1, "sqrt"),
                     ht.scaled_learning_rate(0.1, backward_passes_per_step=2), ht.scaled_learning_rate(0.1, "none")]
 
+# --- the optimizer's direct gradient launch (hvdk8s._torch_launch) against Horovod's own -----------
+import types  # noqa: E402
+
+import horovod.torch as hvd  # noqa: E402
+
+
+def averaged_gradients(horovods_launch, **options):
+    """Each parameter's gradient after one 2-rank synchronize(), launched by hvdk8s or by Horovod."""
+    torch.manual_seed(0)
+    model = build(*mlp_args, **mlp_kw)
+    dopt = ht.distribute(model, sgd(model.parameters()), compression="none", **options)
+    direct = dopt._allreduce_grad_async.__name__ == "launch"
+    if horovods_launch:
+        dopt._allreduce_grad_async = types.MethodType(type(dopt)._allreduce_grad_async, dopt)
+    half = 64 // size
+    F.cross_entropy(model(images[0][rank * half:(rank + 1) * half]), labels[0][rank * half:(rank + 1) * half]).backward()
+    dopt.synchronize()
+    return direct, [p.grad.clone() for p in model.parameters()]
+
+
+res["launch"] = {}
+for label, options in {"average": {}, "average, predivided": {"gradient_predivide_factor": 2.0},
+                       "sum": {"op": ht.Sum}, "adasum": {"op": hvd.Adasum}}.items():
+    direct, ours = averaged_gradients(False, **options)
+    _, horovods = averaged_gradients(True, **options)
+    res["launch"][label] = {"direct": direct, "identical": all(torch.equal(a, b) for a, b in zip(ours, horovods))}
+
 # --- resume skips checkpoints of other models ----------------------------------------------------
 ckpt = out_dir / "ckpt"
 
