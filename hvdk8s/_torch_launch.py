@@ -19,9 +19,16 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.torch import mpi_ops
 
 
+# What the launch uses of horovod.torch.mpi_ops beyond its public API (Horovod 0.28).
+_HOROVOD_INTERNALS = ("mpi_lib", "_handle_map", "_check_function", "_allreduce_function_factory", "_NULL",
+                      "rocm_built")
+
+
 def lean_launch(optimizer) -> None:
     """Replace `optimizer._allreduce_grad_async` (a Horovod DistributedOptimizer's, which its hooks and
     synchronize() look up on the instance) with the direct launch, where its op allows."""
+    if not all(hasattr(mpi_ops, name) for name in _HOROVOD_INTERNALS):
+        return  # another Horovod than constraints.txt's 0.28.1: its own launch stays
     op = getattr(optimizer, "op", None)  # Horovod's Adasum optimizer, another class, has none
     if op not in (hvd.Average, hvd.Sum) or mpi_ops.rocm_built():
         return  # Horovod changes the divisor or the op for these: leave them to it
