@@ -64,7 +64,7 @@ def fast_mode_threshold(values: list[float], min_gap: float = 1.15) -> Optional[
     best: Optional[tuple[float, int]] = None
     for cut in range(1, len(ordered)):
         slow, fast = ordered[:cut], ordered[cut:]
-        spread = sum((v - statistics.fmean(side)) ** 2 for side in (slow, fast) for v in side)
+        spread = len(slow) * statistics.pvariance(slow) + len(fast) * statistics.pvariance(fast)
         if best is None or spread < best[0]:
             best = (spread, cut)
     if best is None:

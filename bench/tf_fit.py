@@ -28,21 +28,23 @@ def run(quick: bool) -> Comparison:
         return Row(config=config, group=group, samples=samples[label],
                    extra={"epochs_samples_per_s": [round(r, 1) for r in epochs[label]]})
 
-    rows = [row("plain Keras", "1 rank", "plain Keras"), row("hvdk8s", "1 rank", "hvdk8s, 1 rank")]
+    one_rank = {"plain Keras": "plain Keras", "hvdk8s": "hvdk8s, 1 rank"}  # row config: its run label
+    rows = [row(config, "1 rank", label) for config, label in one_rank.items()]
     # The 1-rank epochs of both configurations pooled: where they fall into a fast and a slow mode, the
-    # fast epochs of each are compared on their own, and each configuration's share of slow epochs shown.
-    one_rank = {"plain Keras": "plain Keras", "hvdk8s": "hvdk8s, 1 rank"}
+    # fast epochs of each are compared on their own, and each configuration's count of slow epochs shown.
     threshold = fast_mode_threshold([r for label in one_rank.values() for r in epochs[label]])
     notes = "Each run's rate is the median of its epochs after the first."
     if threshold is not None:
+        shares = []
         for config, label in one_rank.items():
             fast = [r for r in epochs[label] if r >= threshold]
+            slow = len(epochs[label]) - len(fast)
             rows.append(Row(config=config, group="1 rank, fast epochs", samples=fast or [0.0],
-                            extra={"slow_epochs": len(epochs[label]) - len(fast), "epochs": len(epochs[label])}))
-        shares = ", ".join(f"{config} {r.extra['slow_epochs']} of {r.extra['epochs']}"
-                           for config, r in zip(one_rank, rows[-2:]))
+                            extra={"slow_epochs": slow, "epochs": len(epochs[label])}))
+            shares.append(f"{config} {slow} of {len(epochs[label])}")
         notes += (f" The 1-rank epochs fall into two modes (split at {threshold:,.0f} samples/s); "
-                  f"\"fast epochs\" compares each configuration's epochs above it (n: epochs). Slow epochs: {shares}.")
+                  f"\"fast epochs\" compares each configuration's epochs above it (n: epochs). "
+                  f"Slow epochs: {', '.join(shares)}.")
     rows += [row("1 rank", "hvdk8s scaling", "hvdk8s, 1 rank"), row("2 ranks", "hvdk8s scaling", "hvdk8s, 2 ranks")]
     return Comparison("tf_fit", "TensorFlow/Keras 3: model.fit through hvdk8s.tensorflow", "samples/s",
                       higher_is_better=True, rows=rows, notes=notes, target=">= 0.98x of plain Keras at 1 rank",
