@@ -2,6 +2,7 @@
 (the wrapper's cost), and at 2 ranks against 1 (scaling on this machine's cores)."""
 from __future__ import annotations
 
+from hvdk8s import tuning
 from hvdk8s.bench.core import Comparison, Row, fast_mode_threshold, interleaved
 from hvdk8s.bench.ranks import run_json
 
@@ -18,7 +19,8 @@ def run(quick: bool) -> Comparison:
 
     def rate(label: str) -> float:
         mode, np = configs[label]
-        result = run_json(RANK_MODULE, {**config, "mode": mode}, "hvdk8s" if mode == "hvdk8s" else "plain", np)
+        result = run_json(RANK_MODULE, {**config, "mode": mode}, "hvdk8s" if mode == "hvdk8s" else "plain", np,
+                          tuning.MALLOC)  # plain Keras with the allocator settings hvdk8s's ranks get
         epochs[label].extend(result["epochs"])
         return result["samples_per_s"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from hvdk8s import events
+from hvdk8s import events, tuning
 from hvdk8s.bench.core import Comparison, Row, interleaved
 from hvdk8s.bench.ranks import TIMEOUT, BenchError, rank_env, run_json
 from hvdk8s.launch import local
@@ -47,7 +47,7 @@ def run(quick: bool) -> Comparison:
         job_file = job(quick, Path(tmp))
         samples = interleaved({
             "hand-written Horovod": lambda: run_json("hvdk8s.bench.handwritten_rank", {"job": str(job_file)},
-                                                     "horovod", 2)["samples_per_s"][-1],
+                                                     "horovod", 2, tuning.MALLOC)["samples_per_s"][-1],
             "hvdk8s train": lambda: trainer_samples_per_s(job_file),
         }, repeats)
     return Comparison("trainer", "Trainer overhead: hvdk8s train vs a hand-written Horovod loop, 2 ranks, MLP",

@@ -1,6 +1,7 @@
-"""Settings hvdk8s gives OpenMPI and Horovod unless the user's environment names them, chosen from
-measurements (`hvdk8s bench --only knobs,peers`, bench/results/README.md). Local launches and
-rendered MPIJobs both take DEFAULTS from here, and the sleepy negotiation's preload (`preloads`).
+"""Settings hvdk8s gives OpenMPI, Horovod and glibc's malloc unless the user's environment names them,
+chosen from measurements (`hvdk8s bench --only knobs,peers`, bench/results/README.md, README's
+benchmarks). Local launches and rendered MPIJobs both take DEFAULTS from here (`defaults`), and the
+sleepy negotiation's preload (`preloads`).
 
 OMPI_MCA_mpi_yield_when_idle=1: a rank waiting in MPI (Horovod's background thread, between and during
 allreduces) yields its core instead of spinning on it. On 2 shared cores with a second 2-rank job
@@ -15,14 +16,24 @@ preloaded MPI_Allreduce waits for those bitwise reductions asleep and passes eve
 (gradients) to Open MPI as before. MLP, 2 ranks, DDP = 1.00x: 0.95x idle and 0.94x beside a second 2-rank
 job (ResNet-20: 1.03x and 0.87x), against 0.92-0.96x and 1.08-1.11x without it.
 HVDK8S_SLEEPY_NEGOTIATION=0 turns it off. hvdk8s.torch's optimizer also waits asleep by itself.
+
+MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
+to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
+frees and reallocates activations of a few MB faults their pages in again every step: a 2-rank ResNet-20
+rank took ~10k page faults a step (DDP's 3-9k), the kernel zeroing pages on cores the training needs.
+Fixed thresholds keep blocks up to 32 MB on the heap and its top up to 256 MB: 20-140 faults a step, and
+that 2-rank step 0.90x DDP's time against 1.04x without (README's benchmarks: DDP gains as much from them).
+A rank's resident memory then stays near its peak instead of falling between steps. Where the rank's
+environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
 """
 from __future__ import annotations
 
 import importlib.machinery
 from pathlib import Path
-from typing import MutableMapping, Optional
+from typing import Mapping, MutableMapping, Optional
 
-DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", **MALLOC}
 SLEEPY_NEGOTIATION_ENV = "HVDK8S_SLEEPY_NEGOTIATION"  # "0": Horovod's negotiation polls as Open MPI does
 
 
@@ -49,10 +60,18 @@ def preloads(env: MutableMapping[str, str]) -> Optional[str]:
     return " ".join([str(library), *others])
 
 
+def defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """DEFAULTS as they apply to ranks given `env`: without MALLOC where GLIBC_TUNABLES tunes malloc
+    (a user's own allocator settings are not mixed with these)."""
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return {name: value for name, value in DEFAULTS.items() if name not in MALLOC}
+    return dict(DEFAULTS)
+
+
 def apply(env: MutableMapping[str, str], *, ranks: int) -> MutableMapping[str, str]:
-    """`env` with each default added unless it already names that variable, and, for more than one rank,
-    the sleepy negotiation preloaded (`preloads`; a single rank has no peer to wait for)."""
-    for name, value in DEFAULTS.items():
+    """`env` with each default added unless it already names that variable (`defaults`), and, for more
+    than one rank, the sleepy negotiation preloaded (`preloads`; a single rank has no peer to wait for)."""
+    for name, value in defaults(env).items():
         env.setdefault(name, value)
     preload = preloads(env) if ranks > 1 else None
     if preload is not None:

@@ -33,7 +33,7 @@ def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
 def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
     """Plain environment of every rank (secret-backed variables are added by reference elsewhere);
     the job's own `env` may set tuning's defaults otherwise."""
-    return {**tuning.DEFAULTS, **hvdk8s_env(spec, topo), **spec.kubernetes.env}
+    return {**tuning.defaults(spec.kubernetes.env), **hvdk8s_env(spec, topo), **spec.kubernetes.env}
 
 
 def forwarded(spec: JobSpec, topo: Topology) -> list[str]:
