@@ -3,9 +3,9 @@ batch and threads). Target: at most 1.02x.
 
 Two ways a one-rank job starts, each with its own plain baseline: a plain process (`python train.py`,
 what the wrapper alone costs: Horovod initialised, the wrapped optimizer) and `mpirun -np 1` (what
-`launch --local -np 1` runs: the same plus mpirun's environment for both). Both with hvdk8s's malloc
-settings (hvdk8s/tuning.py MALLOC), which ranks it starts get: they speed a step up by themselves and this
-is the wrapper's cost. Measured A B A B in turn
+`launch --local -np 1` runs: the same plus mpirun's environment for both). The plain baseline gets
+hvdk8s's malloc settings too (hvdk8s/tuning.py MALLOC, which every rank hvdk8s starts has): they speed a
+step up by themselves, and this row is the wrapper's cost. Measured A B A B in turn
 with more repeats than other benchmarks, because the effect sought (2%) is below one run's noise here."""
 from __future__ import annotations
 
