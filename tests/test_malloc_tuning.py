@@ -50,7 +50,7 @@ def test_rendered_ranks_get_the_settings_unless_the_job_env_tunes_malloc():
 def test_a_training_step_faults_fewer_pages_with_the_settings():
     """glibc returns freed blocks over its mmap threshold (and the heap's top past its trim threshold) to
     the kernel, so a step's activations are faulted in, zeroed, again every step. Measured on a 2-rank
-    ResNet-20 step: ~10k faults against ~50-100 with the settings; here ResNet-8 at one rank."""
+    ResNet-20 step: ~10k faults against 20-140 with the settings; here ResNet-8 at one rank."""
     def faults(env) -> float:
         proc = subprocess.run([sys.executable, str(RANK_SCRIPTS / "page_faults.py")], env=env,
                               capture_output=True, text=True, timeout=120)
