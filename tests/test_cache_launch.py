@@ -88,7 +88,11 @@ def test_training_an_unsynced_dataset_says_how_to_sync(tmp_path):
 def test_eviction_between_the_launch_sync_and_the_ranks_never_removes_the_dataset(tmp_path):
     """`cache evict --quota 0` (another job's quota on the node) runs again and again from the moment the
     launch's sync completes until the launch ends: the launcher holds the dataset from its sync on. The
-    ranks run a script (no framework to import) that waits a second before taking its own hold."""
+    ranks run a script (no framework to import) that waits a second before taking its own hold.
+
+    The launcher's hold ends with its process, which the kernel lets go of a moment before `poll()` can
+    see the exit; so an eviction counts against the hold only if it came before the launcher had passed
+    on both ranks' reads (until then it was alive, holding the dataset)."""
     src = tmp_path / "data"
     src.mkdir()
     (src / "a.bin").write_bytes(b"a" * 5000)
@@ -98,20 +102,26 @@ def test_eviction_between_the_launch_sync_and_the_ranks_never_removes_the_datase
                                    "entrypoint": {"script": "reads.py"}, "dataset": {"path": str(src), "cache": True},
                                    "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}))
     root = tmp_path / "cache"
-    manifest = root / cache.dataset_key(str(src)) / "manifest.json"
+    key = cache.dataset_key(str(src))
+    manifest = root / key / "manifest.json"
     launch = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)], cwd=ROOT,
                               env={**os.environ, "HVDK8S_CACHE_DIR": str(root)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(launch.stdout), daemon=True)
+    reader.start()
     deadline = time.monotonic() + 120
     while not manifest.exists():
         assert launch.poll() is None and time.monotonic() < deadline, "the launch ended before its sync completed"
         time.sleep(0.005)
-    evicted, tries = [], 0
+    early, late, tries = [], [], 0
     while launch.poll() is None:
-        evicted += cache.evict(root, quota_bytes=0)
+        reads_seen = sum("read 5000 bytes" in line for line in list(lines))
+        (late if reads_seen == 2 else early).extend(cache.evict(root, quota_bytes=0))
         tries += 1
         time.sleep(0.02)
-    out = launch.stdout.read()
-    assert launch.returncode == 0 and evicted == [], out
+    reader.join(timeout=30)
+    out = "".join(lines)
+    assert launch.returncode == 0 and early == [], out
     assert tries > 10 and out.count("read 5000 bytes") == 2, out
-    assert cache.evict(root, quota_bytes=0) == [cache.dataset_key(str(src))]  # released with the launcher
+    assert late + cache.evict(root, quota_bytes=0) == [key]  # released with the launcher
