@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from hvdk8s import tuning
 from hvdk8s.schedule import lr_scale
 
 # Verbs (and constants) both adapters export with identical parameters; tests/test_contract.py checks it.
@@ -33,6 +34,26 @@ def die_with_parent() -> None:
     libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the call: it will not signal us
         os._exit(137)
+
+
+def start_horovod(hvd: Any) -> None:
+    """`hvd.init()` (horovod.torch or horovod.tensorflow), with `tuning.single_rank_defaults` put in this
+    process's environment first, where Horovod reads them. Should the launcher's variables have said one
+    rank when there are more (a launcher not in tuning.WORLD_SIZE_VARIABLES), say so: Horovod reads its
+    cycle only at init, and each step would wait for it."""
+    added = tuning.single_rank_defaults(os.environ)
+    os.environ.update(added)
+    hvd.init()
+    if added and hvd.size() > 1:
+        print(f"hvdk8s: started Horovod with {', '.join(f'{k}={v}' for k, v in added.items())} for a single rank, "
+              f"but this job has {hvd.size()} ranks: set HOROVOD_CYCLE_TIME (Horovod's default is 1 ms) in the "
+              "ranks' environment", file=sys.stderr, flush=True)
+
+
+def alone(size: int) -> bool:
+    """Whether a rank of a job of `size` ranks is its only rank for good: one rank, not elastic (whose
+    size may grow). Such a rank's collectives have nothing to exchange."""
+    return size == 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
 
 
 def cpu_threads(threads_per_rank: Optional[int], local_size: int) -> int:

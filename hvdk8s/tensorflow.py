@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -62,7 +61,7 @@ def init(threads_per_rank: Optional[int] = None) -> None:
     """Start Horovod and give this rank its share of the machine: on GPU the device of the local rank
     (with memory growth), on CPU `threads_per_rank` intra-op threads (default: cores / local ranks)."""
     _adapter.die_with_parent()
-    hvd.init()
+    _adapter.start_horovod(hvd)  # a single rank gets a 20 ms cycle: hvdk8s/tuning.py SINGLE_RANK
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         gpu = gpus[hvd.local_rank() % len(gpus)]
@@ -110,8 +109,8 @@ def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str =
                         **horovod_options: Any) -> list:
     """Average gradients over all ranks in one grouped allreduce (None entries pass through).
     horovod_options (prescale_factor, postscale_factor, process_set) go to hvd.grouped_allreduce."""
-    if hvd.size() == 1 and os.environ.get("HOROVOD_ELASTIC") != "1":  # elastic: the size may grow later,
-        return list(grads)                                           # and the traced step must reduce then
+    if _adapter.alone(hvd.size()):  # not elastic: there the size may grow later, and the traced step
+        return list(grads)          # must reduce then
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
@@ -216,7 +215,10 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
 
 def broadcast_variables(variables: Sequence, root_rank: int = 0, name: str = "hvdk8s.bcast") -> None:
     """Assign root_rank's values to `variables` (Keras 3 or tf.Variables) on every rank: one broadcast
-    per dtype, of all variables of that dtype flattened into one buffer (one collective, not hundreds)."""
+    per dtype, of all variables of that dtype flattened into one buffer (one collective, not hundreds).
+    A rank alone has root_rank's values already."""
+    if _adapter.alone(hvd.size()):
+        return
     groups: dict[str, list] = {}
     for v in variables:
         groups.setdefault(tf.as_dtype(v.dtype).name, []).append(v)
@@ -241,7 +243,10 @@ def broadcast_state(model: keras.Model, optimizer: Optional[keras.optimizers.Opt
 
 
 def allreduce(value, op=None, name: Optional[str] = None) -> np.ndarray:
-    """Allreduce a number or array in float64 (so sums of counts stay exact)."""
+    """Allreduce a number or array in float64 (so sums of counts stay exact). A rank alone gets a copy
+    at once (any op of one value is that value) rather than waiting for Horovod's cycle."""
+    if _adapter.alone(hvd.size()):
+        return np.array(value, dtype=np.float64)
     t = tf.convert_to_tensor(np.asarray(value, dtype=np.float64))
     return hvd.allreduce(t, op=hvd.Average if op is None else op, name=name).numpy()
 
@@ -334,7 +339,7 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
             for var, value in zip(optimizer.variables, payload["optimizer"]):
                 var.assign(value)
         extra = {**payload["extra"], "path": str(path)}
-    if not broadcast:
+    if not broadcast or _adapter.alone(hvd.size()):
         return epoch, extra
     epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
     broadcast_state(model, optimizer, root_rank)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import time
 from typing import Any, Optional
 
@@ -50,7 +49,7 @@ def init(threads_per_rank: Optional[int] = None) -> None:
     GPU: the device of the local rank. CPU: `threads_per_rank` intra-op threads (default: the cores
     divided among the ranks on this node, at least one), so N ranks do not fight over N*cores threads."""
     _adapter.die_with_parent()
-    hvd.init()
+    _adapter.start_horovod(hvd)  # a single rank gets a 20 ms cycle: hvdk8s/tuning.py SINGLE_RANK
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
         return
@@ -90,7 +89,9 @@ def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
 
     Horovod's broadcast_optimizer_state fills an empty state with a zero-gradient step, which moves
     parameters under weight decay; so it runs only when the root has state to share, and the
-    parameters are broadcast after it."""
+    parameters are broadcast after it. A rank alone has them already."""
+    if _adapter.alone(hvd.size()):
+        return
     if optimizer is not None:
         root_has_state = hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank,
                                               name="hvdk8s.optimizer_has_state")
@@ -115,7 +116,7 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
         compression=_COMPRESSORS[resolve_compression(compression)],
         backward_passes_per_step=backward_passes_per_step, op=hvd.Average if op is None else op,
         **horovod_options)
-    if hvd.size() == 1 and os.environ.get("HOROVOD_ELASTIC") != "1":
+    if _adapter.alone(hvd.size()):
         # One rank, for good: nothing to average. Horovod's step() would still send every gradient
         # through its background thread (it registers no hooks at size 1, so synchronize() allreduces
         # them all, after backward): 7-10% of a CPU step here (`hvdk8s bench --only wrapper`).
@@ -246,8 +247,11 @@ def step(optimizer: torch.optim.Optimizer, *, scaler: Optional[torch.amp.GradSca
 # --- collectives ---------------------------------------------------------------------------------
 
 def allreduce(value, op=None, name: Optional[str] = None) -> torch.Tensor:
-    """Allreduce a number or tensor (float64 for numbers, so sums of counts stay exact)."""
+    """Allreduce a number or tensor (float64 for numbers, so sums of counts stay exact). A rank alone gets
+    a copy at once (any op of one value is that value) rather than waiting for Horovod's cycle."""
     t = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float64)
+    if _adapter.alone(hvd.size()):
+        return t.clone()
     return hvd.allreduce(t, op=hvd.Average if op is None else op, name=name)
 
 
@@ -319,7 +323,7 @@ def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Optional[
     if found is not None:
         epoch, path, payload = found
         extra = {**payload.get("extra", {}), "path": str(path)}
-    if not broadcast:
+    if not broadcast or _adapter.alone(hvd.size()):
         return epoch, extra
     epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
     if epoch:

@@ -37,6 +37,10 @@ def test_every_rank_ran_with_one_thread_on_this_machine(results):
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in results)
 
 
+def test_ranks_of_a_two_rank_job_keep_horovods_cycle(results):
+    assert all(r["cycle_time"] is None for r in results)  # Horovod's 1 ms: the 20 ms one is for a rank alone
+
+
 def test_allreduce_averages_and_sums(results):
     # rank r holds [0,1,2,3] + 10r
     for r in results:

@@ -7,6 +7,7 @@ models, and rank-sharded loading."""
 import copy
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from hvdk8s.models import build
 out_dir, shard_dir = Path(sys.argv[1]), Path(sys.argv[2])
 ht.init()
 rank, size = ht.rank(), ht.size()
-res = {"rank": rank, "size": size, "threads": torch.get_num_threads()}
+res = {"rank": rank, "size": size, "threads": torch.get_num_threads(), "cycle_time": os.environ.get("HOROVOD_CYCLE_TIME")}
 
 # --- collectives ---------------------------------------------------------------------------------
 t = torch.arange(4, dtype=torch.float32) + 10 * rank

@@ -1,0 +1,48 @@
+"""A rank that is its job's only rank for good (hvdk8s/tuning.py SINGLE_RANK): hvdk8s's init gives
+Horovod a 20 ms cycle unless the environment names one or says more ranks (or elastic ones) run, its
+background thread then wakes ~50 times a second instead of ~1000, and hvdk8s's own collectives return
+their one value without Horovod while a raw Horovod allreduce still works."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvdk8s import tuning
+
+from conftest import RANK_SCRIPTS, ROOT
+
+pytestmark = pytest.mark.ranks
+
+
+def test_the_long_cycle_is_only_for_one_rank_for_good_and_never_over_the_users_own():
+    assert tuning.single_rank_defaults({}) == tuning.SINGLE_RANK  # started on its own: no launcher
+    assert tuning.single_rank_defaults({"OMPI_COMM_WORLD_SIZE": "1", "PMI_SIZE": "1"}) == tuning.SINGLE_RANK
+    for variable in tuning.WORLD_SIZE_VARIABLES:
+        assert tuning.single_rank_defaults({variable: "2"}) == {}, variable
+    assert tuning.single_rank_defaults({"OMPI_COMM_WORLD_SIZE": "1", "HOROVOD_ELASTIC": "1"}) == {}
+    assert tuning.single_rank_defaults({"HOROVOD_CYCLE_TIME": "0.5"}) == {}
+
+
+def run_alone(framework: str, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in tuning.WORLD_SIZE_VARIABLES and not k.startswith(("OMPI_", "HOROVOD_", "PMIX_"))}
+    proc = subprocess.run([sys.executable, str(RANK_SCRIPTS / "single_rank.py"), framework], cwd=ROOT,
+                          env={**clean, **env}, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_rank_alone_gets_the_long_cycle_and_its_collectives_return_at_once(framework):
+    alone = run_alone(framework)
+    assert alone["size"] == 1 and alone["cycle_time"] == tuning.SINGLE_RANK["HOROVOD_CYCLE_TIME"]
+    assert alone["allreduce"] == [1.5, -2.0] and alone["copied"]
+    assert alone["metric_sum"] == 2.5 and alone["metric_average"] == 4.0
+    assert alone["raw_sum"] == [1.5, -2.0]  # Horovod's own collectives still run, within a cycle
+    assert alone["broadcast_unchanged"] and alone["resumed"] == [0, {}]
+    if framework == "pytorch":  # the thread's wake-ups: one framework shows it, the cycle is Horovod's
+        own = run_alone(framework, HOROVOD_CYCLE_TIME="1")
+        assert own["cycle_time"] == "1"
+        assert alone["wakeups_per_s"] < 150 and own["wakeups_per_s"] > 4 * alone["wakeups_per_s"], (alone, own)
