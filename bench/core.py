@@ -37,13 +37,17 @@ class Comparison:
     plot: str = "bar"               # "bar", or "line" along Row.x (log scale)
     x_label: str = ""
     references: dict[str, float] = field(default_factory=dict)  # horizontal lines: {label: value}
+    paired: bool = False            # each row's i-th sample was measured beside its baseline's i-th
 
     def ratio(self, row: Row) -> Optional[float]:
-        """row's median over its group's baseline median (None without a baseline in the group)."""
+        """row's median over its group's baseline median, or where samples are paired the median of the
+        per-pair ratios (None without a baseline in the group)."""
         config = self.baseline.get(row.group) if isinstance(self.baseline, dict) else self.baseline
         base = next((r for r in self.rows if r.group == row.group and r.config == config), None)
         if base is None or base.median == 0:
             return None
+        if self.paired and len(row.samples) == len(base.samples) and all(base.samples):
+            return statistics.median(r / b for r, b in zip(row.samples, base.samples))
         return row.median / base.median
 
     def to_json(self) -> dict:

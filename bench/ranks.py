@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -89,3 +91,94 @@ def contending_job(model: str = "mlp", np: int = 2):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def taking_turns(configs: dict[str, tuple[str, Optional[dict], bool]], config: dict, turns: int,
+                 steps_per_turn: int) -> dict[str, list[float]]:
+    """{name: [seconds per step, one per turn]} of one single-rank process per configuration (name:
+    (mode, extra env, launcher)), all training config's model at once but taking turns: one runs
+    `steps_per_turn` steps while the others wait blocked on a pipe, the order rotating every turn.
+    A shared machine's speed drifts by 10-40% within minutes here, so one run after another (`interleaved`)
+    cannot resolve a 2% difference; turns a second apart can. A waiting process's background threads
+    still wake (Horovod's cycle, 50 times a second at one rank) and cost the others what they cost it."""
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-turns-") as tmp, contextlib.ExitStack() as stack:
+        started = {}
+        for i, (name, (mode, env, launcher)) in enumerate(configs.items()):
+            go, done = Path(tmp) / f"go{i}", Path(tmp) / f"done{i}"
+            os.mkfifo(go)
+            os.mkfifo(done)
+            program = [sys.executable, "-m", STEP_RANK, json.dumps(
+                {**config, "mode": mode, "steps": steps_per_turn, "turns": {"go": str(go), "done": str(done)}})]
+            log = stack.enter_context(open(Path(tmp) / f"log{i}", "w+"))
+            proc = subprocess.Popen(_argv(program, mode, 1, launcher=launcher), env=rank_env(1, env, mode),
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stack.callback(_end, proc)
+            started[name] = _Turns(proc, log, go, done)
+        for name, one in started.items():  # every process warmed up and waiting before the first turn
+            one.connect(name)
+        samples: dict[str, list[float]] = {name: [] for name in configs}
+        names = list(configs)
+        for turn in range(turns):
+            for name in names[turn % len(names):] + names[:turn % len(names)]:
+                samples[name].append(started[name].take(name))
+        for one in started.values():
+            one.finish()
+        return samples
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill what is left of a process started in a session of its own (mpirun's ranks included)."""
+    for pid in [*procs.descendants(proc.pid), proc.pid] if proc.poll() is None else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+class _Turns:
+    """The parent's end of one process's pipes (`taking_turns`); every wait bounded, and a process that
+    ends early is reported with its output."""
+
+    def __init__(self, proc: subprocess.Popen, log, go: Path, done: Path):
+        self.proc, self.log, self.go_path, self.done_path = proc, log, go, done
+        self.go: Optional[int] = None
+        self.done: Optional[int] = None
+        self.buffer = b""
+
+    def _check(self, name: str, deadline: float) -> None:
+        if self.proc.poll() is not None or time.monotonic() > deadline:
+            self.log.seek(0)
+            why = "ended" if self.proc.poll() is not None else "did not answer"
+            raise BenchError(f"turn-taking {name} {why} ({self.proc.returncode}):\n{self.log.read()[-3000:]}")
+
+    def connect(self, name: str) -> None:
+        """Wait for the rank to open its end of `go` (after its warm-up steps), then open `done`."""
+        deadline = time.monotonic() + TIMEOUT
+        while self.go is None:
+            try:
+                self.go = os.open(self.go_path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: nobody reads yet
+                self._check(name, deadline)
+                time.sleep(0.05)
+        self.done = os.open(self.done_path, os.O_RDONLY | os.O_NONBLOCK)
+
+    def take(self, name: str) -> float:
+        deadline = time.monotonic() + TIMEOUT
+        os.write(self.go, b"go\n")
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.done], [], [], 0.5)
+            read = os.read(self.done, 4096) if ready else b""
+            self.buffer += read
+            if not read:
+                self._check(name, deadline)
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return float(line)
+
+    def finish(self) -> None:
+        if self.go is not None:
+            os.close(self.go)  # the rank's loop ends, and the process with it
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass  # _end kills it
+        if self.done is not None:
+            os.close(self.done)

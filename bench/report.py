@@ -22,6 +22,8 @@ def markdown(comparisons: list[Comparison], machine: dict, quick: bool) -> str:
         lines += [f"## {c.title}", ""]
         if c.target:
             lines += [f"Target: {c.target}.", ""]
+        if c.paired:
+            lines += ["Ratios: the median of per-sample ratios, each sample measured beside its baseline's.", ""]
         better = "higher is better" if c.higher_is_better else "lower is better"
         lines += [f"| group | config | median {c.unit} ({better}) | ratio | n |", "|---|---|---|---|---|"]
         for row in c.rows:

@@ -3,9 +3,11 @@
     python -m hvdk8s.bench.step_rank CONFIG_JSON
 
 CONFIG_JSON: {"mode": "plain" | "hvdk8s" | "horovod" | "ddp", "model": "mlp" | "resnet" | "transformer",
-"steps": N, "warmup": N, "batch": N, "compression": "none" | "fp16", "out": PATH, "forever": false}.
+"steps": N, "warmup": N, "batch": N, "compression": "none" | "fp16", "out": PATH, "forever": false,
+"turns": {"go": FIFO, "done": FIFO} | null}.
 Rank 0 writes {"seconds_per_step": ...} to `out`: the wall time between two barriers over `steps`
-steps (what the job as a whole runs at). `forever` trains until killed (the contending job).
+steps (what the job as a whole runs at). `forever` trains until killed (the contending job). `turns`:
+one rank runs `steps` steps each time it is told to, answering with their time (`ranks.taking_turns`).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -113,8 +116,8 @@ class Mode:
             torch.cuda.synchronize(self.device)
 
 
-def seconds_per_step(config: dict, mode: Mode) -> float:
-    """Wall seconds per training step of config's model, between two barriers (the same on every rank)."""
+def warmed_step(config: dict, mode: Mode) -> Callable[[], None]:
+    """One training step of config's model under `mode`, after its warm-up steps."""
     model, info = build(config["model"])
     model, optimizer = mode.wrap(model.to(mode.device), torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     x, y = (t.to(mode.device) for t in batch(config["model"], config["batch"], info))
@@ -126,6 +129,12 @@ def seconds_per_step(config: dict, mode: Mode) -> float:
 
     for _ in range(config.get("warmup", 3)):  # allocations, Horovod's response cache, DDP's buckets
         step()
+    return step
+
+
+def seconds_per_step(config: dict, mode: Mode) -> float:
+    """Wall seconds per training step of config's model, between two barriers (the same on every rank)."""
+    step = warmed_step(config, mode)
     if config.get("forever"):
         while True:
             step()
@@ -137,8 +146,24 @@ def seconds_per_step(config: dict, mode: Mode) -> float:
     return (time.perf_counter() - start) / config["steps"]
 
 
+def take_turns(config: dict, mode: Mode) -> None:
+    """One rank taking turns with other processes (config["turns"]: {"go": FIFO, "done": FIFO}): for each
+    line on `go`, `steps` steps, then their wall seconds per step as a line on `done`; until `go` ends."""
+    step = warmed_step(config, mode)
+    with open(config["turns"]["go"]) as go, open(config["turns"]["done"], "w") as done:
+        for _ in go:
+            start = time.perf_counter()
+            for _ in range(config["steps"]):
+                step()
+            done.write(f"{(time.perf_counter() - start) / config['steps']}\n")
+            done.flush()
+
+
 def main(config: dict) -> None:
     mode = Mode(config["mode"], config.get("compression", "none"))
+    if config.get("turns"):
+        take_turns(config, mode)
+        return
     seconds = seconds_per_step(config, mode)
     if mode.rank == 0:
         with open(config["out"], "w") as f:

@@ -156,3 +156,17 @@ def test_two_modes_split_only_where_the_values_are_bimodal():
     assert max(slow) < threshold < min(fast)
     assert fast_mode_threshold(fast) is None  # noise within one mode never splits
     assert fast_mode_threshold([2300.0]) is None and fast_mode_threshold([]) is None
+
+
+def test_paired_ratios_are_the_median_of_each_pair_not_of_the_medians():
+    rows = [Row("plain", [10.0, 40.0, 20.0], group="g"), Row("hvdk8s", [11.0, 20.0, 44.0], group="g")]
+    assert Comparison("c", "t", "ms", False, "plain", rows, paired=True).ratio(rows[1]) == pytest.approx(1.1)
+    assert Comparison("c", "t", "ms", False, "plain", rows).ratio(rows[1]) == pytest.approx(1.0)
+
+
+def test_processes_taking_turns_answer_every_turn():
+    from hvdk8s.bench.ranks import taking_turns
+
+    turned = taking_turns({"a": ("plain", None, False), "b": ("plain", None, False)}, {"model": "mlp", "batch": 4},
+                          turns=3, steps_per_turn=1)
+    assert [len(v) for v in turned.values()] == [3, 3] and all(s > 0 for v in turned.values() for s in v)
