@@ -22,7 +22,7 @@ HOW = {"one process": False, "mpirun -np 1": True}
 
 def run(quick: bool) -> Comparison:
     models = ["mlp"] if quick else ["mlp", "resnet", "transformer"]
-    turns, steps_per_turn = (2, 2) if quick else (40, 5)
+    turns, steps_per_turn = (2, 2) if quick else (100, 5)
     rows = []
     for model in models:
         for how, launcher in HOW.items():

@@ -30,8 +30,10 @@ SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a process that is Horovod
 (`single_rank_defaults`; hvdk8s.torch.init and hvdk8s.tensorflow.init put it in the environment before
 hvd.init()): Horovod's background thread wakes every cycle (1 ms by default) even with no peer, and on
 CPU each wake-up interrupts one of the step's intra-op threads, which the others then wait for at the
-region's barrier. A 1-rank Transformer step took 1.053x a plain PyTorch step with the 1 ms cycle (0 of
-10 interleaved rounds faster) and 0.973x with 20 ms (7 of 10). At one rank hvdk8s's own collectives
+region's barrier. A 1-rank Transformer step took 1.053x and 1.077x a plain PyTorch step with the 1 ms
+cycle (two runs of 10 interleaved rounds), 0.973x and 1.025x with 20 ms (10 and 60 rounds; this
+machine's drift between runs is 10-40%); taking turns with plain (`hvdk8s bench --only wrapper`),
+0.996-1.005x. Its background thread wakes 49 times a second instead of 899. At one rank hvdk8s's own collectives
 (allreduce, metric_*, broadcast_state, the resume broadcast) return without Horovod, so only a script's
 raw hvd.allreduce waits for the cycle, up to 20 ms. Elastic ranks keep Horovod's cycle (peers may join).
 """

@@ -11,7 +11,7 @@ import pytest
 
 from hvdk8s import tuning
 
-from conftest import RANK_SCRIPTS, ROOT
+from conftest import RANK_SCRIPTS, ROOT, run_ranks
 
 pytestmark = pytest.mark.ranks
 
@@ -46,3 +46,11 @@ def test_a_rank_alone_gets_the_long_cycle_and_its_collectives_return_at_once(fra
         own = run_alone(framework, HOROVOD_CYCLE_TIME="1")
         assert own["cycle_time"] == "1"
         assert alone["wakeups_per_s"] < 150 and own["wakeups_per_s"] > 4 * alone["wakeups_per_s"], (alone, own)
+
+
+def test_a_launcher_that_hides_the_size_is_named_on_stderr():
+    """Were a launcher to tell a rank nothing of the job's size, the rank would start Horovod with the long
+    cycle; Horovod then knows the size, and hvdk8s says what to set."""
+    proc = run_ranks("unknown_launcher.py", np=2)
+    assert proc.stdout.count("size 2") == 2, proc.stdout
+    assert "HOROVOD_CYCLE_TIME=20 for a single rank, but this job has 2 ranks" in proc.stderr, proc.stderr
