@@ -53,7 +53,7 @@ def start_horovod(hvd: Any) -> None:
 def alone(size: int) -> bool:
     """Whether a rank of a job of `size` ranks is its only rank for good: one rank, not elastic (whose
     size may grow). Such a rank's collectives have nothing to exchange."""
-    return size == 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+    return size == 1 and not tuning.elastic(os.environ)
 
 
 def cpu_threads(threads_per_rank: Optional[int], local_size: int) -> int:

@@ -83,11 +83,17 @@ def defaults(env: Mapping[str, str]) -> dict[str, str]:
     return dict(DEFAULTS)
 
 
+def elastic(env: Mapping[str, str]) -> bool:
+    """Whether a rank with `env` runs under Horovod elastic (horovodrun sets HOROVOD_ELASTIC=1): its
+    job's size may change."""
+    return env.get("HOROVOD_ELASTIC") == "1"
+
+
 def single_rank_defaults(env: Mapping[str, str]) -> dict[str, str]:
     """SINGLE_RANK's settings that `env` does not name, for a process about to start Horovod with it, if
     `env` says it will be the job's only rank (every launcher variable present is 1, or none is) and not
     elastic (HOROVOD_ELASTIC=1: ranks may join); else none."""
-    if env.get("HOROVOD_ELASTIC") == "1" or any(env.get(name, "1") != "1" for name in WORLD_SIZE_VARIABLES):
+    if elastic(env) or any(env.get(name, "1") != "1" for name in WORLD_SIZE_VARIABLES):
         return {}
     return {name: value for name, value in SINGLE_RANK.items() if name not in env}
 
