@@ -67,6 +67,11 @@ class Metrics:
         self._since_checkpoint = time.time()
         self._samples_at_gauges = 0
         self._samples = 0
+        self._loss = self._accuracy = None  # the latest step's readers, for the epoch's final gauges
+        self._first_on_node = True
+        self._served = 0  # answers this rank's endpoint has begun: scrapes (first rank) or reads by it
+        self._served_at_flush = 0
+        self._served_changed = threading.Condition()
         if not enabled:
             return
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -106,8 +111,40 @@ class Metrics:
         m["hvdk8s_samples_total"].inc(samples)
         self._samples += samples
         self._mark = now
+        self._loss, self._accuracy = loss, accuracy
         if now - self._last_gauges >= GAUGE_EVERY_S:
             self._gauges(now, loss, accuracy)
+
+    def end_epoch(self) -> None:
+        """Call after an epoch's last step, before the collective that ends it on every rank: the loss,
+        accuracy and throughput gauges get the epoch's final values, however short it was (a job of
+        a few fast epochs would otherwise never set them)."""
+        if not self.enabled:
+            return
+        if self._samples > self._samples_at_gauges:
+            self._gauges(time.perf_counter(), self._loss, self._accuracy)
+        with self._served_changed:
+            self._served_at_flush = self._served
+
+    def linger(self, timeout: float) -> bool:
+        """After training: keep serving until this rank's final values have been scraped, at most
+        `timeout` seconds (`observability.metrics.final_scrape_timeout_seconds`); True if they were.
+
+        Call on every rank after the collective that follows the last `end_epoch`. The node's first
+        rank waits for two scrapes begun from now: Prometheus scrapes a target one after another, so the
+        second begins once the first (which found every rank's final values: they were set before the
+        collective) is stored. The node's other ranks wait for two reads by the first rank since their
+        last `end_epoch`, which those same two scrapes make, so they are still there to be read."""
+        if not self.enabled or self.server is None or timeout <= 0:
+            return False
+        with self._served_changed:
+            since = self._served if self._first_on_node else self._served_at_flush
+            return self._served_changed.wait_for(lambda: self._served >= since + 2, timeout)
+
+    def _answered(self) -> None:
+        with self._served_changed:
+            self._served += 1
+            self._served_changed.notify_all()
 
     def _gauges(self, now: float, loss, accuracy) -> None:
         m = self._m
@@ -166,13 +203,15 @@ class Metrics:
             return
         from prometheus_client import CollectorRegistry, start_http_server
 
+        registry = CollectorRegistry(auto_describe=False)
+        self._first_on_node = local_rank == 0
         if local_rank == 0:
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(_Node(self.registry, [port + i for i in range(1, local_size)]))
+            registry.register(_Node(self.registry, [port + i for i in range(1, local_size)], self._answered))
             host = address or os.environ.get(ADDRESS_ENV, "0.0.0.0")
             where = port
         else:
-            registry, host, where = self.registry, "127.0.0.1", port + local_rank
+            registry.register(_Counted(self.registry, self._answered))
+            host, where = "127.0.0.1", port + local_rank
         if where > 65535:
             raise UserError(f"observability.metrics.port: {port} + {local_rank} (this rank's place on its node) "
                             "is past 65535; choose a lower port")
@@ -189,16 +228,28 @@ class Metrics:
             self.server = None
 
 
+class _Counted:
+    """A rank's own families, as served, counting each answer (see `Metrics.linger`)."""
+
+    def __init__(self, own, answered: Callable[[], None]):
+        self.own, self.answered = own, answered
+
+    def collect(self):
+        self.answered()
+        return self.own.collect()
+
+
 class _Node:
     """The first rank's answer: its own families merged with the other local ranks' (read over
     loopback at scrape time; a rank that does not answer is left out of that scrape)."""
 
-    def __init__(self, own, peer_ports: list[int]):
-        self.own, self.peer_ports = own, peer_ports
+    def __init__(self, own, peer_ports: list[int], answered: Callable[[], None]):
+        self.own, self.peer_ports, self.answered = own, peer_ports, answered
 
     def collect(self):
         from prometheus_client.parser import text_string_to_metric_families
 
+        self.answered()
         families: dict[str, Any] = {}
         for family in self.own.collect():
             family.samples = [s for s in family.samples if not s.name.endswith("_created")]

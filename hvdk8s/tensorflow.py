@@ -491,6 +491,9 @@ class MetricsCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         (self.metrics or _metrics.current()).begin_epoch(epoch + 1)
 
+    def on_epoch_end(self, epoch, logs=None):
+        (self.metrics or _metrics.current()).end_epoch()
+
     def on_train_batch_end(self, batch, logs=None):
         m = self.metrics or _metrics.current()
         if m.enabled:

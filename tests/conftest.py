@@ -2,19 +2,27 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPTS = Path(__file__).resolve().parent / "ranks"
 DIGITS_JOB = ROOT / "examples" / "digits.yaml"
 
+
+# Hypothesis judges no example by its wall time (its default deadline is 200 ms): how long an example takes
+# depends on the machine and on what else runs; hangs and exponential work are caught by cpu_bounded.
+settings.register_profile("hvdk8s", deadline=None)
+settings.load_profile("hvdk8s")
 
 # How many generated inputs each fuzz target tried, accepted and refused: {target: Counter}, printed at the end
 # of the session (none escaped, or a test failed).
@@ -65,6 +73,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("fuzz tally")
         for target, counts in sorted(FUZZ_TALLY.items()):
             terminalreporter.write_line(f"{target}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+@contextlib.contextmanager
+def cpu_bounded(seconds: float, what: object = ""):
+    """Fails if the block takes more than `seconds` of this thread's CPU time. For checks that an input is
+    refused without an exponential walk or a huge number: CPU time, unlike wall time, does not grow when
+    other work shares the cores, so the bound (set far above the milliseconds a refusal takes) holds on a
+    busy machine as on an idle one."""
+    began = time.thread_time()
+    yield
+    used = time.thread_time() - began
+    assert used < seconds, f"{what} used {used:.2f} s of CPU (bound {seconds} s)"
 
 
 def cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

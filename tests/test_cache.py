@@ -329,7 +329,13 @@ def test_sigkill_at_random_moments_never_exposes_a_partial_file_and_resumes(tmp_
     for trial in range(KILL_TRIALS):
         cache = tmp_path / f"cache{trial}"
         proc = start(cache)
-        time.sleep(rng.uniform(0, duration))
+        if trial % 2:  # a random moment (of the measured run: before, during or after the copy) ...
+            time.sleep(rng.uniform(0, duration))
+        else:  # ... or once the journal shows a random number of finished files: mid-copy however fast
+            journal, wanted = cache / key / "journal.jsonl", rng.randint(1, 300)
+            wait_for(lambda: proc.poll() is not None or (journal.exists() and
+                                                          journal.read_bytes().count(b"\n") >= wanted),
+                     f"{wanted} journaled files")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         dataset = cache / key
@@ -493,7 +499,7 @@ def lock_waiters(lock_file: Path) -> int:
                if "->" in line and line.split()[-3].endswith(f":{ino}"))
 
 
-def wait_for(condition, what: str, timeout: float = 60) -> None:
+def wait_for(condition, what: str, timeout: float = 300) -> None:  # a watchdog, not a bound
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"

@@ -110,7 +110,7 @@ def test_eviction_between_the_launch_sync_and_the_ranks_never_removes_the_datase
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(launch.stdout), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a watchdog, not a bound
     while not manifest.exists():
         assert launch.poll() is None and time.monotonic() < deadline, "the launch ended before its sync completed"
         time.sleep(0.005)

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, invoke, tally
 
-LIMIT = 5.0  # seconds per command: refusals take milliseconds; a hang or an exponential walk is the catch
-SETTINGS = dict(deadline=15_000, database=None, derandomize=True,
+LIMIT = 5.0  # CPU seconds per command (not wall time, which a busy machine stretches): refusals take
+# milliseconds; an exponential walk is the catch
+SETTINGS = dict(deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
 EXAMPLES = {path.relative_to(ROOT / "examples").as_posix(): yaml.safe_load(path.read_text())
@@ -129,14 +130,14 @@ _generated = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4)
 # -- the checks ---------------------------------------------------------------------------------------------
 
 def _run(target: str, *args):
-    began = time.monotonic()
+    began = time.thread_time()
     result = invoke(*args)  # an exception that escapes the command fails the test here
-    took = time.monotonic() - began
+    took = time.thread_time() - began
     counts = tally(target)
     counts["tried"] += 1
     counts["accepted" if result.exit_code == 0 else "refused"] += 1
-    counts["slowest ms"] = max(counts["slowest ms"], int(took * 1000))
-    assert took < LIMIT, f"{args} took {took:.1f} s"
+    counts["most CPU ms"] = max(counts["most CPU ms"], int(took * 1000))
+    assert took < LIMIT, f"{args} took {took:.1f} s of CPU"
     assert result.exit_code in (0, 2), f"{args}: exit {result.exit_code}\n{result.output}"
     assert "Traceback" not in result.output, result.output
     return result

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -144,12 +143,10 @@ def test_discovery_offers_only_the_workers_whose_sshd_answers(tmp_path, fake_ssh
     operator_script = tmp_path / "discover_hosts.sh"
     operator_script.write_text("#!/bin/sh\necho 127.0.0.1\necho 127.0.0.2\necho no-such-worker.invalid\n")
     operator_script.chmod(0o755)
-    started = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "hvdk8s.launch.discovery", "--port", str(fake_sshd), "--slots", "2",
                           "--probe-timeout", "2", str(operator_script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["127.0.0.1:2"], out.stdout  # 127.0.0.2: nothing listens on that port
-    assert time.monotonic() - started < 30
 
     failing = tmp_path / "failing.sh"
     failing.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")

@@ -109,7 +109,7 @@ def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  
         "Warning: Permanently added 'worker-0' to the list of known hosts.", _text(start), _text(EPOCHS[0]),
         "@hvdk8s " + json.dumps(EPOCHS[1]), HOSTILE_TEXT,
         _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"}))
-    time.sleep(1)
+    kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # it follows the log before the log ends
     feed.close()
     operator.succeeded()
     out, errors = follower.communicate(timeout=90)

@@ -2,7 +2,6 @@
 `--set resources.cpu=...` / `resources.memory=...` a user may type (render, or exit 2 naming the field)."""
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import pytest
@@ -10,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DIGITS_JOB, cli
+from conftest import DIGITS_JOB, cli, cpu_bounded
 from hvdk8s.data.cache.sizes import parse_size
 from hvdk8s.mpijob import render as renderer
 from hvdk8s.quantity import MAX_LENGTH, cpu_cores, parse_bytes, parse_quantity
@@ -52,11 +51,9 @@ def test_out_of_range_and_overlong_inputs_are_refused(text, words):
 
 
 def test_huge_inputs_are_refused_fast():
-    start = time.perf_counter()
     for text in ("9" * 10**6, "1e" + "9" * 10**6, "1" + "e9" * 10**5, "1e999999999999"):
-        with pytest.raises(ValueError):
+        with cpu_bounded(0.5, text[:20]), pytest.raises(ValueError):
             parse_quantity(text)
-    assert time.perf_counter() - start < 0.5
 
 
 def test_cpu_cores_and_bytes():

@@ -45,7 +45,10 @@ def test_a_rank_alone_gets_the_long_cycle_and_its_collectives_return_at_once(fra
     if framework == "pytorch":  # the thread's wake-ups: one framework shows it, the cycle is Horovod's
         own = run_alone(framework, HOROVOD_CYCLE_TIME="1")
         assert own["cycle_time"] == "1"
-        assert alone["wakeups_per_s"] < 150 and own["wakeups_per_s"] > 4 * alone["wakeups_per_s"], (alone, own)
+        # A 20 ms cycle wakes Horovod's thread at most 50 times a second however fast the machine (a busier
+        # one wakes it less): 150 leaves room for the odd other wake-up. The 1 ms control shows that the
+        # count tells the cycles apart.
+        assert alone["wakeups_per_s"] < 150 < own["wakeups_per_s"], (alone, own)
 
 
 def test_a_launcher_that_hides_the_size_is_named_on_stderr():

@@ -38,10 +38,13 @@ def test_idle_ranks_wait_for_each_other_asleep(asleep_and_polling):
     difference, not just a low number. (In an idle job the ranks' offset drifts until one rank waits out
     every cycle, 2.99 CPU-s in 3 s measured; the stopped peer makes that wait certain.)"""
     asleep, polling = (results[0] for results in asleep_and_polling)  # rank 0 waited for a stopped rank 1
+    # CPU time, not wall time: other work on the cores does not add to it, so the bound holds on a busy
+    # machine as on an idle one.
     assert asleep["cpu_s"] < 0.25 * SLEEP_S, asleep
     # Polling yields, so beside other work it gets less than the core (0.70-0.86 CPU-s in 2 s beside two
-    # busy processes, 2.0 idle; asleep 0.02-0.09 either way, measured).
-    assert polling["cpu_s"] > max(0.25 * SLEEP_S, 4 * asleep["cpu_s"]), (asleep, polling)
+    # busy processes, 2.0 idle; asleep 0.02-0.09 either way, measured): the control is judged against the
+    # sleeper's own figure from the same machine, not against a share of the core it may not get.
+    assert polling["cpu_s"] > 4 * asleep["cpu_s"], (asleep, polling)
 
 
 def test_bitwise_and_other_reductions_give_open_mpis_results(asleep_and_polling):

@@ -33,5 +33,9 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
         if synced is not None:
             steps.metrics.cache(**synced)
         if spec.training.elastic is not None:
-            return run_elastic_epochs(spec, steps, resume=resume)
-        return run_epochs(spec, steps, steps.lr, resume=resume)
+            summary = run_elastic_epochs(spec, steps, resume=resume)
+        else:
+            summary = run_epochs(spec, steps, steps.lr, resume=resume)
+        # The last evaluation's allreduce came after every rank's last end_epoch: all final values are set.
+        steps.metrics.linger(spec.observability.metrics.final_scrape_timeout_seconds)
+        return summary

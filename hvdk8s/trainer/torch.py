@@ -177,6 +177,7 @@ class TorchSteps:
             done += batch.global_count
             metrics.step(len(batch.x), loss=sums.mean_loss, accuracy=sums.accuracy)
             progress.step(i + 1, done, sums.mean_loss)
+        metrics.end_epoch()  # before the collective below (see Metrics.linger)
         loss_sum, correct, counted, samples = sums.allreduce("hvdk8s.train_metrics")
         return EpochStats(loss_sum / max(samples, 1), correct / max(counted, 1), int(samples))
 
