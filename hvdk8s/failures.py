@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -106,23 +107,20 @@ class Failure:
     host: Optional[str] = None
 
     def summary(self) -> str:
+        """The line a failed job ends with."""
         what = f"{self.kind}: {self.message}" if self.message else self.kind
-        line = f"rank {self.rank} failed first: {what}" + (f" ({self.where})" if self.where else "")
+        what += f" ({self.where})" if self.where else ""
         if self.tier == CONSEQUENCE:  # the rank that failed first left no word of its own
-            return f"no rank reported an error of its own; first reported, {line.replace(' failed first', '')}"
-        return line
-
-    def fields(self) -> dict[str, Any]:
-        """For a JSON log record."""
-        return {"rank": self.rank, "type": self.kind, "message": self.message, "where": self.where,
-                "summary": self.summary()}
+            return f"no rank reported an error of its own; rank {self.rank} reported first: {what}"
+        return f"rank {self.rank} failed first: {what}"
 
 
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
-# mpirun: "mpirun noticed that process rank 1 with PID 123 on node x exited on signal 9 (Killed)."
-_SIGNALLED = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node \S+ exited on signal "
-                        r"(?P<signal>\d+)(?: \((?P<name>[^)]*)\))?")
+# How a launcher says a rank died without a Python error: mpirun "mpirun noticed that process rank 1 with PID
+# 123 on node x exited on signal 9 (Killed).", horovodrun "Process 1 exit with status code 137."
+_SIGNALLED = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node \S+ exited on signal (?P<signal>\d+)")
+_EXITED = re.compile(r"^Process (?P<rank>\d+) exit with status code (?P<code>\d+)\.")
 
 
 class FirstFailure:
@@ -180,11 +178,21 @@ class FirstFailure:
                                          CONSEQUENCE if is_secondary(kind, message) else OWN, self.seen)
 
     def _launcher_line(self, line: str) -> None:
-        m = _SIGNALLED.search(line)
-        if m and int(m["rank"]) not in self.by_rank:
-            rank = int(m["rank"])
-            name = f" ({m['name']})" if m["name"] else ""
-            self.by_rank[rank] = Failure(rank, f"killed by signal {m['signal']}{name}", "", None, SIGNAL, self.seen)
+        signalled, exited = _SIGNALLED.search(line), _EXITED.match(line)
+        m = signalled or exited
+        if m is None or int(m["rank"]) in self.by_rank:  # a rank's own word on its end says more
+            return
+        code = int(exited["code"]) if exited else 128 + int(signalled["signal"])
+        if code == 0:
+            return
+        if 128 < code < 128 + signal.NSIG:
+            name = signal.strsignal(code - 128)
+            kind = f"killed by signal {code - 128}" + (f" ({name})" if name else "")
+        else:
+            kind = f"exited with status {code}"
+        # SIGTERM is how launchers stop the remaining ranks once one has failed
+        tier = CONSEQUENCE if code == 128 + signal.SIGTERM else SIGNAL
+        self.by_rank[int(m["rank"])] = Failure(int(m["rank"]), kind, "", None, tier, self.seen)
 
     def first(self) -> Optional[Failure]:
         """The failure that came first among those of the best tier: by the ranks' monotonic clocks when

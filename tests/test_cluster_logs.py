@@ -178,7 +178,8 @@ def test_logs_of_a_failed_job_end_naming_the_rank_that_failed_first(own_cluster,
     run the script through hvdk8s.rankmain, whose event says it; horovodrun's run a plain script, whose
     tagged traceback says it."""
     script = RANK_SCRIPTS / "raise_on_rank.py"
-    program = [sys.executable, *(["-m", "hvdk8s.rankmain", "--script"] if ranks == "rendered" else []), str(script), "1"]
+    rank_main = ["-m", "hvdk8s.rankmain", "--script"] if ranks == "rendered" else []  # as entrypoint.cluster_argv
+    program = [sys.executable, *rank_main, str(script), "1"]
     log = _ranks_output(program, tagged=ranks == "horovodrun")
     line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "raise RuntimeError" in text)
     expected = f"rank 1 failed first: RuntimeError: boom on rank 1 (raise_on_rank.py:{line})"

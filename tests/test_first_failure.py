@@ -38,11 +38,11 @@ def model(num_classes, input_shape):
 """
 
 
-def _launch(job: Path) -> tuple[int, list[str]]:
+def _launch(job: Path, *options: str) -> tuple[int, list[str]]:
     """`hvdk8s launch --local -np 2 JOB` as a user runs it: its exit status and its output (stdout and
     stderr as a terminal shows them, interleaved)."""
-    run = subprocess.run([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", *options, str(job)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     return run.returncode, run.stdout.splitlines()
 
 
@@ -69,6 +69,15 @@ def test_a_script_job_ends_naming_the_rank_that_raised(tmp_path, script, rank):
     assert code == 1, "\n".join(out)
     # The other rank failed too, as a consequence: in the output above, never in the last line.
     assert any("HorovodInternalError" in o or "Horovod has been shut down" in o for o in out[:-1]), "\n".join(out)
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_a_rank_killed_by_a_signal_is_named_above_the_others_consequent_errors(tmp_path, controller):
+    """No traceback of its own: the launcher's word on how it died (mpirun's, horovodrun's) names it, and
+    the other rank's HorovodInternalError, though a Python error, is only a consequence."""
+    code, out = _launch(_script_job(tmp_path, "die_on_rank.py", 1), f"--{controller}")
+    assert out[-1] == "rank 1 failed first: killed by signal 9 (Killed)", "\n".join(out)
+    assert code != 0, "\n".join(out)
 
 
 def test_the_trainer_ends_naming_the_rank_whose_model_raised(tmp_path, job_file):
