@@ -136,10 +136,12 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     die_with_parent()  # first: a launcher killed while this rank loads the job takes the rank with it
     from hvdk8s import trainer
     from hvdk8s.data.datasets import dataset_root
+    from hvdk8s.failures import report_uncaught
     from hvdk8s.factories import importable_from
     from hvdk8s.rankmain import exit_at_once, line_buffered_stdout
 
     line_buffered_stdout()  # whole lines through mpirun, events included
+    report_uncaught()  # this rank's failure as an event, before Horovod's shutdown tells the others
     spec = _load(job, overrides)
     if spec.entrypoint is not None:
         raise UserError(f"{job}: this job runs its own entrypoint; start it with `hvdk8s launch`")
@@ -218,10 +220,12 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
         local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
     except CacheError as e:
         raise UserError(f"{job}: the dataset could not be synced", [("dataset.path", str(e))]) from None
-    code = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume,
-                            discovery_script=discovery_script, log_format=log_format)
+    code, failed = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume,
+                                    discovery_script=discovery_script, log_format=log_format)
     if code:
         err.print(f"[bold red]error:[/] the ranks exited with status {code}")
+    if failed:  # the last line: what a user looks for first, above mpirun's and the other ranks' words
+        err.print(failed.summary(), markup=False, highlight=False)
     sys.exit(code)
 
 

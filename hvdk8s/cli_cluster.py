@@ -221,26 +221,32 @@ def logs(name: str, follow: bool, raw: bool, log_format: str, context: Optional[
     """Print a cluster job's log (its launcher's, which carries every rank's output), drawn like a local
     launch: rank 0's progress, epochs and result. With -f, exit as the job ended (0 succeeded, 1 failed)."""
     from hvdk8s.launch import logview
+    from hvdk8s.launch.base import FAILED
 
     if raw and log_format == "json":
         raise UserError("--raw, --log-format json: one at a time (the log as it is, or as JSON lines)")
     log = logformat.JsonLog(name) if log_format == "json" else None
     launcher = _launcher(context, namespace, kubeconfig)
     lines = launcher.logs(name, follow=follow)
+    failed = None
     if raw:
         for line in lines:
             click.echo(line)
     elif log:
-        logview.draw(lines, log)
+        failed = logview.draw(lines, log)
     else:
-        logview.show(lines, Console(soft_wrap=True))
+        failed = logview.show(lines, Console(soft_wrap=True))
+    final = launcher.status(name) if follow or failed else None
+    if failed and final.phase != FAILED:  # a rank's traceback alone does not fail a job (it may live on)
+        failed = None
+    code = 0 if final is None or final.succeeded else 1
+    if log and follow:  # the job's end, as the last record
+        log.exit(code, final.phase, failed.summary() if failed else final.message)
+    elif follow:
+        _say_phase(final)
+    if failed and not log:  # the last line: what a user looks for first, above mpirun's and other ranks' words
+        err.print(failed.summary(), markup=False)
     if follow:
-        final = launcher.status(name)
-        code = 0 if final.succeeded else 1
-        if log:
-            log.exit(code, final.phase, final.message)  # the job's end, as the last record
-        else:
-            _say_phase(final)
         sys.exit(code)
 
 

@@ -2,6 +2,7 @@
 
 Rank 0 prints `@hvdk8s {json}` when HVDK8S_EVENTS=json (set by `hvdk8s launch --local`, which parses
 them and draws progress), and plain text otherwise (logs of a cluster pod, a hand-run horovodrun).
+Any rank's uncaught exception is an event too, "failed", always as JSON (`hvdk8s.failures`).
 
 Ranks' other output (a user's print, a dataset path in an error message) could look like an event; so
 a launcher that parses events also sets HVDK8S_EVENTS_TOKEN to a secret of its own, and only lines
@@ -71,6 +72,9 @@ def _format(event: dict[str, Any]) -> str:
                 f"in {event['seconds']:.1f}s (parameters {event['digest']})")
     if kind == "file":
         return f"{event['what']}: {event['path']} ({FILE_HOW[event['what']]})"
+    if kind == "failed":  # a rank's uncaught exception (hvdk8s.failures), its traceback follows
+        return (f"rank {event['rank']} raised {event['type']}: {event['message']}"
+                + (f" ({event['where']})" if event.get("where") else ""))
     return json.dumps(event)
 
 

@@ -52,7 +52,10 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m hvdk8s.rankmain --script PATH | --module NAME [ARGS...]")
     kind, target, args = argv[0], argv[1], argv[2:]
     line_buffered_stdout()
+    from hvdk8s.failures import report_uncaught
     from hvdk8s.runfiles import make_dirs  # after die_with_parent: it imports the job schema
+
+    report_uncaught()  # the script's failure as an event, before Horovod's shutdown tells the other ranks
 
     make_dirs()  # the run directory, before the script's hvd.init() opens Horovod's timeline and autotune log
     if kind == "--module":

@@ -10,12 +10,16 @@ lines the test writes; the launcher container's state and the MPIJob's status ar
 from __future__ import annotations
 
 import datetime as dt
+import json
+import subprocess
+import sys
 import time
 
 import pytest
 
 from cluster_helpers import Operator, unique
 from cluster_helpers.kubelet import FakeKubelet
+from conftest import RANK_SCRIPTS, ROOT
 
 EPOCHS = [
     {"event": "epoch", "epoch": e, "epochs": 2, "loss": 1.0 / e, "accuracy": 0.5 + e / 10, "test_loss": 0.9 / e,
@@ -147,3 +151,53 @@ def test_logs_follow_a_restarted_launcher_and_exit_1_when_the_job_failed(own_clu
     assert follower.returncode == 1, errors
     assert out.splitlines() == ["first attempt", "second attempt"]
     assert f"mpijob/{name}: Failed" in errors and "1 Launcher replica(s) failed" in errors
+
+
+def _ranks_output(program: list[str], tagged: bool) -> list[str]:
+    """A launcher's log of two real ranks running `program` under mpirun, one of which raises: untagged as
+    hvdk8s's rendered MPIJob runs them (no --tag-output; each rank's event names its rank), or each line
+    tagged with its rank as horovodrun runs them."""
+    from hvdk8s.launch.local import command, environment
+
+    cmd = command(program, 2)
+    if not tagged:
+        cmd.remove("--tag-output")
+    env = {**environment(2), "HVDK8S_EVENTS": "text"}  # as the rendered MPIJob sets it, and no launcher token
+    run = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=120)
+    assert run.returncode != 0, run.stdout
+    return run.stdout.splitlines()
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("ranks", ["rendered", "horovodrun"])
+def test_logs_of_a_failed_job_end_naming_the_rank_that_failed_first(own_cluster, kubelet, launched, namespace,
+                                                                      ranks):
+    """Rank 1 raised: the log (mpirun's own lines and rank 0's consequent HorovodInternalError included) is
+    followed to its end, or read after the job failed, and ends with rank 1's error. The rendered job's ranks
+    run the script through hvdk8s.rankmain, whose event says it; horovodrun's run a plain script, whose
+    tagged traceback says it."""
+    script = RANK_SCRIPTS / "raise_on_rank.py"
+    rank_main = ["-m", "hvdk8s.rankmain", "--script"] if ranks == "rendered" else []  # as entrypoint.cluster_argv
+    program = [sys.executable, *rank_main, str(script), "1"]
+    log = _ranks_output(program, tagged=ranks == "horovodrun")
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "raise RuntimeError" in text)
+    expected = f"rank 1 failed first: RuntimeError: boom on rank 1 (raise_on_rank.py:{line})"
+
+    name = launched
+    operator = Operator(own_cluster.api(), namespace, name)
+    pod = _launcher_pod(own_cluster, kubelet, namespace, name)
+    operator.running()
+    follower = own_cluster.popen("logs", "-f", name, "-n", namespace)
+    feed = kubelet.feed(namespace, pod, "launcher")
+    feed.write(*log)
+    feed.close()
+    operator.failed(f"MPIJob {namespace}/{name} has failed because 1 Launcher replica(s) failed.")
+    out, errors = follower.communicate(timeout=90)
+    assert follower.returncode == 1, errors
+    assert errors.splitlines()[-1] == expected, out + errors
+    assert "HorovodInternalError" in out  # rank 0's consequence is in the log, above
+    after = own_cluster.cli("logs", name, "-n", namespace)
+    assert after.returncode == 0 and after.stderr.splitlines()[-1] == expected, after.stdout + after.stderr
+    records = own_cluster.cli("logs", "-f", name, "-n", namespace, "--log-format", "json").stdout.splitlines()
+    assert json.loads(records[-1])["message"] == expected, records[-3:]  # the exit record says it for log stacks

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hvdk8s import events, logformat, metrics, tuning
+from hvdk8s import events, failures, logformat, metrics, tuning
 from hvdk8s.errors import UserError
 from hvdk8s.faults import stall_env
 from hvdk8s.launch import procs
@@ -173,9 +173,11 @@ def prepare_dataset(spec):
 
 
 def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
-        console=None, discovery_script: Optional[Path] = None, log_format: str = logformat.DEFAULT_FORMAT) -> int:
+        console=None, discovery_script: Optional[Path] = None,
+        log_format: str = logformat.DEFAULT_FORMAT) -> tuple[int, Optional[failures.Failure]]:
     """Start the ranks on the validated `spec` (from the job file `source` in `job_dir`), draw rank 0's
-    progress (or log it, with log_format "json"), and return their exit status."""
+    progress (or log it, with log_format "json"), and return their exit status and, if they failed, the
+    rank that failed first."""
     from hvdk8s.launch.base import FAILED, SUCCEEDED
 
     view = view_for(log_format, spec.name, console)
@@ -183,12 +185,14 @@ def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CON
     launcher.submit(spec, job_dir, source)
     # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
     watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
+    first = failures.FirstFailure()
     try:
-        code = _follow(launcher.proc, launcher.token, view, watchdog)
+        code = _follow(launcher.proc, launcher.token, view, watchdog, first)
     finally:
         launcher.delete(spec.name)  # ends nothing that has finished; removes the job file
-    view.exit(code, SUCCEEDED if code == 0 else FAILED)
-    return code
+    failed = first.first() if code else None
+    view.exit(code, SUCCEEDED if code == 0 else FAILED, failed.summary() if failed else "")
+    return code, failed
 
 
 def view_for(log_format: str, job: str, console=None):
@@ -283,10 +287,12 @@ class LocalLauncher:
             self._tmp = None
 
 
-def _follow(proc: subprocess.Popen, token: str, view, watchdog: Optional[int] = None) -> int:
-    """Draw rank 0's events from the running ranks `proc`; with `watchdog`, end the job when no event
-    arrives for that many seconds once training started (a hung rank blocks rank 0 in a collective, and
-    a frozen rank also blocks Horovod's own stall check, which runs between collectives)."""
+def _follow(proc: subprocess.Popen, token: str, view, watchdog: Optional[int] = None,
+            first: Optional[failures.FirstFailure] = None) -> int:
+    """Draw rank 0's events from the running ranks `proc`, each line read by `first` too; with `watchdog`,
+    end the job when no event arrives for that many seconds once training started (a hung rank blocks
+    rank 0 in a collective, and a frozen rank also blocks Horovod's own stall check, which runs between
+    collectives)."""
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
     launcher_errors = _LauncherTraceback()
@@ -304,6 +310,8 @@ def _follow(proc: subprocess.Popen, token: str, view, watchdog: Optional[int] = 
             if line is None:
                 return proc.wait()
             event = events.parse(line, token)
+            if first is not None:
+                first.feed(line, event)
             if event is not None:
                 last_event = time.monotonic()
                 view.show(event)

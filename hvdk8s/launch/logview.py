@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Optional
 
-from hvdk8s import events, logformat
+from hvdk8s import events, failures, logformat
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
 _INT = r"\d+"
@@ -74,22 +74,25 @@ def event_of(line: str) -> Optional[dict[str, Any]]:
     return events.parse(line) or text_event(line)
 
 
-def show(lines: Iterable[str], console) -> None:
+def show(lines: Iterable[str], console) -> Optional[failures.Failure]:
     """Draw a log: events through the local launch's progress view, every other line as it is."""
     from hvdk8s.launch.local import _ProgressView
 
-    draw(lines, _ProgressView(console))
+    return draw(lines, _ProgressView(console))
 
 
-def draw(lines: Iterable[str], view) -> None:
+def draw(lines: Iterable[str], view) -> Optional[failures.Failure]:
     """Each line of a log to `view`: rank 0's events to `show`, every other line to `passthrough`
-    (the progress view, or `hvdk8s.logformat.JsonLog`)."""
+    (the progress view, or `hvdk8s.logformat.JsonLog`). Returns the rank that failed first, if any did."""
+    first = failures.FirstFailure()
     try:
         for line in lines:
             event = event_of(line)
+            first.feed(line, event)
             if event is None:
                 view.passthrough(line.rstrip("\r\n"))
             else:
                 view.show(event)
     finally:
         view.close()
+    return first.first()
