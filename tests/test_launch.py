@@ -160,5 +160,5 @@ def test_a_hung_or_dead_rank_ends_the_job_within_its_bound(job_file, controller,
     text = "".join(out) + rest
     assert proc.returncode != 0, text
     assert elapsed < (6 + 20 if how == "hang" else 15), (elapsed, text)
-    assert "Traceback (most recent call last)" not in text.replace("<stderr>:Traceback", ""), text
+    assert "horovod/runner/" not in text, text  # the launcher's frames; a rank's own traceback may pass
     assert re.search(r"\b1\b", text.split("epoch 1/", 1)[1]), text  # the rank is named
