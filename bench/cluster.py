@@ -1,4 +1,4 @@
-"""The benchmark users run on their own GPUs: `hvdk8s bench --render JOB -o DIR` turns a GPU job file
+"""The benchmark users run on their own GPUs: `hvdk8s bench --render JOB -d DIR` turns a GPU job file
 into two MPIJobs that run hvdk8s.bench.cluster_rank across its nodes, one with RDMA and one without
 (the same pods otherwise); `hvdk8s bench --from-logs LOG...` reads their launchers' logs back into the
 same report as a local run."""

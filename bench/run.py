@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from hvdk8s import suggest
 from hvdk8s.errors import UserError
 
 # name: (where its run(quick) lives, what it measures). Order: the report's.
@@ -28,7 +29,8 @@ def chosen(only: Sequence[str]) -> list[str]:
     names = [n.strip() for item in only for n in item.split(",") if n.strip()]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
-        raise UserError(f"--only: unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+        raise UserError("--only: " + "; ".join(f"unknown benchmark {n} ({suggest.hint(n, BENCHMARKS, 'choose from')})"
+                                               for n in unknown))
     return [n for n in BENCHMARKS if n in names] if names else list(BENCHMARKS)
 
 
@@ -37,7 +39,7 @@ def prepare_output(output: str) -> Path:
 
     reason = unwritable_reason(output)
     if reason is not None:
-        raise UserError(f"--output: cannot write to {output} ({reason})")
+        raise UserError(f"--output-dir: cannot write to {output} ({reason})")
     return Path(output)
 
 

@@ -20,6 +20,27 @@ _set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=V
                            help="Override a job-file field, e.g. --set training.epochs=3 (repeatable).")
 
 
+def _output_dir_option(help: str):
+    """`-d/--output-dir DIR`. `-o/--output DIR`, its old spelling, still works (hidden, with a note): in
+    the other verbs, as in kubectl, -o is the output format."""
+    def decorate(f):
+        f = click.option("-o", "--output", "old_output_dir", hidden=True, type=click.Path(file_okay=False))(f)
+        return click.option("-d", "--output-dir", "output_dir", type=click.Path(file_okay=False), metavar="DIR",
+                            help=help)(f)
+    return decorate
+
+
+def _output_dir(output_dir: str | None, old_output_dir: str | None, default: str | None = None) -> str | None:
+    """The folder given with -d/--output-dir, or with the old -o/--output (noted on stderr)."""
+    if old_output_dir is None:
+        return default if output_dir is None else output_dir
+    if output_dir is not None:
+        raise UserError("-o/--output, -d/--output-dir: one folder at a time (-o DIR is the old spelling of -d DIR)")
+    err.print(f"[yellow]note:[/] -o/--output DIR is now -d/--output-dir DIR (-o is the output format in the other "
+              "verbs, as in kubectl); -o DIR still works here for now", highlight=False)
+    return old_output_dir
+
+
 def _fail(header: str, problems: Sequence[tuple[str, str]]) -> None:
     """Print every problem with its field path, then exit 2 (the user's input is wrong)."""
     from rich.markup import escape  # paths and messages hold user text: brackets must print as typed
@@ -47,8 +68,24 @@ def _check_code(spec: JobSpec, job: str) -> None:
     check_code(spec, Path(job).parent, job)
 
 
+class _Verb(click.Command):
+    """A verb whose "did you mean" offers only the options its --help shows, not an old spelling kept
+    hidden (render's -o DIR)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            hidden = {o for p in self.params if getattr(p, "hidden", False) for o in p.opts + p.secondary_opts}
+            e.possibilities = [o for o in e.possibilities or () if o not in hidden]
+            raise
+
+
 class _Verbs(click.Group):
     """The verbs, with the one place that reports a `UserError` (for `main` and in-process runners alike)."""
+
+    command_class = _Verb
+    group_class = type  # `cache` and its verbs alike
 
     def invoke(self, ctx: click.Context):
         try:
@@ -60,7 +97,7 @@ class _Verbs(click.Group):
 @click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hvdk8s")
 def cli() -> None:
-    """Horovod training jobs, from this machine to a Kubernetes cluster, from one job file."""
+    """Run Horovod training jobs on this machine or a Kubernetes cluster, from one job file."""
 
 
 @cli.command()
@@ -78,9 +115,10 @@ def cli() -> None:
                    "silently ignores).")
 def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, crd_from_cluster: bool,
              no_import: bool, no_policy: bool) -> None:
-    """Check a job file, or a YAML of MPIJobs; exit 2 listing every problem with its field path.
+    """Check a job file, or a YAML of MPIJobs.
 
-    Job files with `factory` paths have them imported and called, and a carried entrypoint script must exist."""
+    Exit 2 listing every problem with its field path. Job files with `factory` paths have them imported
+    and called, and a carried entrypoint script must exist."""
     docs = _mpijob_documents(job)
     if docs is not None:
         _validate_mpijobs(job, docs, crd, crd_from_cluster, policies=not no_policy)
@@ -130,7 +168,9 @@ def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: 
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from the newest valid checkpoint in training.checkpoint.dir.")
 def train(job: str, overrides: Sequence[str], resume: bool) -> None:
-    """Train as one rank of a job (what horovodrun or mpirun starts on every rank)."""
+    """Train as one rank of a job (mpirun starts it on each rank).
+
+    What horovodrun or mpirun starts on every rank of a job."""
     from hvdk8s._adapter import die_with_parent
 
     die_with_parent()  # first: a launcher killed while this rank loads the job takes the rank with it
@@ -165,7 +205,7 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
               help="Elastic jobs with --local: an executable printing `localhost:SLOTS`, read every second "
                    "(default: -np slots throughout).")
 @_set_option
-@cli_cluster.target_options
+@cli_cluster.target_options("the job file's kubernetes.namespace, else the context's")
 @click.option("--dry-run", is_flag=True, help="Cluster: print the objects it would send, in order; send nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Cluster: follow the job to its end; exit 0 only if it succeeded.")
 @click.option("--timeout", callback=cli_cluster._duration, metavar="DURATION",
@@ -175,8 +215,10 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
 def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, discovery_script: Optional[Path],
            overrides: Sequence[str], context: str | None, namespace: str | None, kubeconfig: str | None,
            dry_run: bool, wait_: bool, timeout: float | None, output: str | None, log_format: str) -> None:
-    """Run a job: on the cluster of KUBECONFIG/--context as a Kubeflow MPIJob, or with `--local -np N`,
-    as N ranks here following rank 0's progress."""
+    """Run a job on a cluster, or here with --local.
+
+    On the cluster of KUBECONFIG/--context as a Kubeflow MPIJob, or with `--local -np N`, as N ranks
+    here following rank 0's progress."""
     from hvdk8s.data.cache import CacheError
     from hvdk8s.launch import local as local_launch
 
@@ -231,17 +273,20 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
 
 @cli.command()
 @click.argument("job", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(file_okay=False),
-              help="Write configmap.yaml, mpijob.yaml and kustomization.yaml here instead of printing.")
+@_output_dir_option("Write configmap.yaml, mpijob.yaml and kustomization.yaml (and podmonitor.yaml, with a "
+                    "PodMonitor) into DIR instead of printing them.")
 @_set_option
-def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
-    """Render the Kubeflow MPIJob (and the ConfigMap carrying the job file) as deterministic YAML."""
+def render(job: str, output_dir: str | None, old_output_dir: str | None, overrides: Sequence[str]) -> None:
+    """Render a job as a Kubeflow MPIJob and its ConfigMap.
+
+    The MPIJob and the ConfigMap carrying the job file, as deterministic YAML, for GitOps."""
     from hvdk8s.mpijob import render as renderer
 
     from hvdk8s.mpijob import validate as mv
 
     from hvdk8s.entrypoint import carried_files
 
+    output = _output_dir(output_dir, old_output_dir)
     spec = _load(job, overrides)
     files = carried_files(spec, Path(job).parent, job)  # a script the ConfigMap carries to the cluster
     # Our own output must pass the operator's rules: a failure here is a bug in hvdk8s, so say so.
@@ -259,7 +304,9 @@ def render(job: str, output: str | None, overrides: Sequence[str]) -> None:
 
 @cli.group()
 def cache() -> None:
-    """Node-local dataset cache: sync a dataset (directory, s3://, http(s)://) onto this node once, verified.
+    """Sync, list and evict datasets in a node-local cache.
+
+    A dataset (directory, s3://, http(s)://) is synced onto a node once, verified.
 
     S3 credentials and endpoint come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
     AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL)."""
@@ -274,11 +321,19 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(e)) from None
 
 
+def _renamed_version(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:  # the old spelling, which read as hvdk8s's own --version
+        raise UserError(f"--version: a dataset's version is --dataset-version {value or 'VERSION'} "
+                        "(`hvdk8s --version` prints hvdk8s's own)")
+
+
 @cache.command("sync")
 @click.argument("src")
 @click.argument("dst", type=click.Path(file_okay=False))
-@click.option("--key", help="Dataset key (directory name); default: derived from SRC and --version.")
-@click.option("--version", "version", help="Dataset version: a new version gets a new key.")
+@click.option("--key", help="Dataset key (directory name); default: derived from SRC and --dataset-version.")
+@click.option("--dataset-version", "version", help="Dataset version: a new version gets a new key.")
+@click.option("--version", "old_version", hidden=True, is_flag=False, flag_value="", expose_value=False,
+              callback=_renamed_version)
 @click.option("--verify", is_flag=True, help="Re-hash every cached file and re-fetch any that differ.")
 @click.option("--workers", type=click.IntRange(min=1), default=8, show_default=True, help="Parallel copies.")
 @click.option("--quota", callback=_size, metavar="SIZE",
@@ -288,7 +343,9 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
                    "jobs whose ranks start after this command exits (a cluster's init container).")
 def cache_sync(src: str, dst: str, key: str | None, version: str | None, verify: bool, workers: int,
                quota: int | None, lease: float | None) -> None:
-    """Sync SRC into the cache at DST; prints the synced data directory last."""
+    """Sync SRC into the cache at DST.
+
+    Prints the synced data directory last."""
     from hvdk8s.data import cache as dc
 
     result = dc.sync(src, dst, key=key, version=version, verify=verify, workers=workers, progress=True,
@@ -297,24 +354,29 @@ def cache_sync(src: str, dst: str, key: str | None, version: str | None, verify:
 
 
 @cache.command("ls")
-@click.argument("dst", type=click.Path(file_okay=False))
-def cache_ls(dst: str) -> None:
-    """List the datasets in the cache at DST."""
+@click.argument("dst", type=click.Path(file_okay=False), required=False)
+def cache_ls(dst: str | None) -> None:
+    """List the datasets in the cache at DST.
+
+    DST defaults to this node's cache, where `hvdk8s launch --local` and a cluster's ranks read
+    datasets: $HVDK8S_CACHE_DIR, else ~/.cache/hvdk8s/datasets."""
     import datetime
 
     from rich.table import Table
 
     from hvdk8s.data import cache as dc
     from hvdk8s.data.cache.sizes import format_size
+    from hvdk8s.data.datasets import cache_root
 
+    dst = dst or str(cache_root())
     datasets = dc.list_datasets(dst)
     if not datasets:
         click.echo(f"no datasets in {dst}")
         return
-    table = Table("key", "source", "size", "files", "last used", "held", "complete", box=None)
+    table = Table("key", "source", "version", "size", "files", "last used", "held", "complete", box=None)
     for d in datasets:
         used = datetime.datetime.fromtimestamp(d.last_used).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(d.key, d.source or "?", format_size(d.bytes), str(d.files), used,
+        table.add_row(d.key, d.source or "?", str(d.version or "-"), format_size(d.bytes), str(d.files), used,
                       _held(d.held, d.leased_until), "yes" if d.complete else "no")
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000)  # pipes get whole rows
     out.print(table, highlight=False, markup=False)
@@ -336,8 +398,10 @@ def _held(held: bool, leased_until: float | None) -> str:
 @click.option("--quota", callback=_size, metavar="SIZE",
               help="Evict least recently used datasets until the cache holds at most SIZE (0: all not in use).")
 def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
-    """Remove datasets from the cache at DST: the KEYs named, and/or down to --quota. Datasets held by
-    running jobs, leased by a sync (`cache sync --lease`) until their lease ends, or being synced stay."""
+    """Remove datasets from the cache at DST.
+
+    The KEYs named, and/or down to --quota. Datasets held by running jobs, leased by a sync
+    (`cache sync --lease`) until their lease ends, or being synced stay."""
     from hvdk8s.data import cache as dc
     from hvdk8s.data.cache.store import format_time
 
@@ -362,7 +426,9 @@ def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
 @click.argument("job", type=click.Path(dir_okay=False))
 @_set_option
 def cache_warm(job: str, overrides: Sequence[str]) -> None:
-    """Render a DaemonSet that fills the node-local cache on the job's nodes before the MPIJob starts."""
+    """Render a DaemonSet that fills the job's nodes' caches.
+
+    It fills the node-local cache on the job's nodes before the MPIJob starts."""
     from hvdk8s.mpijob import render as renderer
 
     spec = _load(job, overrides)
@@ -376,8 +442,10 @@ def cache_warm(job: str, overrides: Sequence[str]) -> None:
 @cache.command("manifest")
 @click.argument("directory", type=click.Path(file_okay=False))
 def cache_manifest(directory: str) -> None:
-    """Publish hvdk8s-manifest.json (every file's path, size, sha256) at DIRECTORY's root, so it can be
-    served over HTTP(S) as a dataset source."""
+    """Write hvdk8s-manifest.json at DIRECTORY's root.
+
+    It lists every file's path, size and sha256, so that DIRECTORY can be served over HTTP(S) as a
+    dataset source."""
     from hvdk8s.data import cache as dc
 
     click.echo(str(dc.write_manifest(directory)))
@@ -388,18 +456,22 @@ def cache_manifest(directory: str) -> None:
 @click.option("--only", multiple=True, metavar="NAMES",
               help="Run only these benchmarks (comma-separated or repeated): wrapper, trainer, peers, allreduce, "
                    "scaling, knobs, tf_fit, tf_input, loader.")
-@click.option("-o", "--output", default="bench-results", show_default=True, type=click.Path(file_okay=False),
-              help="Where results.json, README.md and the plots go (or the rendered MPIJobs, with --render).")
+@_output_dir_option("Where results.json, README.md and the plots go (default: bench-results), or the rendered "
+                    "MPIJobs with --render.")
 @click.option("--render", "render_job", type=click.Path(dir_okay=False), metavar="JOB",
               help="Render the cluster benchmark for JOB's GPU nodes: two MPIJobs, with RDMA and without.")
 @click.option("--from-logs", "logs", multiple=True, type=click.Path(dir_okay=False), metavar="LOG",
               help="Write the report of the cluster benchmark from its launchers' logs.")
 @_set_option
-def bench(quick: bool, only: Sequence[str], output: str, render_job: str | None, logs: Sequence[str],
-          overrides: Sequence[str]) -> None:
-    """Benchmarks as ratios against baselines measured in the same run: the wrapper, the trainer, DDP and
-    raw Horovod, allreduce with fp16, scaling, Horovod's knobs, TensorFlow, the input pipelines."""
+def bench(quick: bool, only: Sequence[str], output_dir: str | None, old_output_dir: str | None,
+          render_job: str | None, logs: Sequence[str], overrides: Sequence[str]) -> None:
+    """Measure hvdk8s against baselines run beside it.
+
+    Each result is a ratio against a baseline measured in the same run: the wrapper, the trainer, DDP
+    and raw Horovod, allreduce with fp16, scaling, Horovod's knobs, TensorFlow, the input pipelines."""
     from hvdk8s.bench import run as runner
+
+    output = _output_dir(output_dir, old_output_dir, default="bench-results")
 
     if render_job and logs:
         raise UserError("--render, --from-logs: one at a time (render the jobs, run them, then read their logs)")

@@ -34,21 +34,39 @@ def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
     return int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
 
 
-def target_options(f):
-    """Where the job lives, as kubectl users say it."""
-    f = click.option("--kubeconfig", type=click.Path(dir_okay=False), envvar=None,
-                     help="Kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).")(f)
-    f = click.option("-n", "--namespace", help="Namespace (default: the job file's, else the context's).")(f)
-    return click.option("--context", help="Kubeconfig context (default: the current one).")(f)
+def target_options(namespace_default: str = "the context's, else \"default\""):
+    """Where the job lives, as kubectl users say it; -n's help says where its default comes from."""
+    def decorate(f):
+        f = click.option("--kubeconfig", type=click.Path(dir_okay=False), envvar=None,
+                         help="Kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).")(f)
+        f = click.option("-n", "--namespace", help=f"Namespace (default: {namespace_default}).")(f)
+        return click.option("--context", help="Kubeconfig context (default: the current one).")(f)
+    return decorate
+
+
+class Choice(click.Choice):
+    """A choice that answers a typo with the choice meant, as click does for verbs and options."""
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            from hvdk8s import suggest
+
+            meant = suggest.closest(str(value), map(str, self.choices))
+            if meant is None:
+                raise
+            self.fail(f"{value!r} is not one of {', '.join(map(repr, self.choices))}; did you mean {meant!r}?",
+                      param, ctx)
 
 
 def output_option(f):
-    return click.option("-o", "--output", type=click.Choice(["json", "yaml"]),
+    return click.option("-o", "--output", type=Choice(["json", "yaml"]),
                         help="Print machine-readable output instead of text.")(f)
 
 
 def log_format_option(f):
-    return click.option("--log-format", type=click.Choice(logformat.FORMATS), default=logformat.DEFAULT_FORMAT,
+    return click.option("--log-format", type=Choice(logformat.FORMATS), default=logformat.DEFAULT_FORMAT,
                         show_default=True,
                         help="json: stdout carries one JSON object per line (each event, each other line of "
                              "output, the job's end), for log stacks.")(f)
@@ -176,11 +194,11 @@ def _log_phase(log):
 
 @click.command()
 @click.argument("name")
-@target_options
+@target_options()
 @output_option
 def status(name: str, context: Optional[str], namespace: Optional[str], kubeconfig: Optional[str],
            output: Optional[str]) -> None:
-    """Show a cluster job's phase, conditions, replica statuses and age."""
+    """Show a cluster job's phase, conditions, replicas and age."""
     from hvdk8s.launch.base import human_age
 
     st = _launcher(context, namespace, kubeconfig).status(name)
@@ -215,11 +233,13 @@ def _since(moment):
 @click.option("-f", "--follow", is_flag=True, help="Wait for the launcher, follow its log until the job ends.")
 @click.option("--raw", is_flag=True, help="Print the log as it is (no progress view).")
 @log_format_option
-@target_options
+@target_options()
 def logs(name: str, follow: bool, raw: bool, log_format: str, context: Optional[str], namespace: Optional[str],
          kubeconfig: Optional[str]) -> None:
-    """Print a cluster job's log (its launcher's, which carries every rank's output), drawn like a local
-    launch: rank 0's progress, epochs and result. With -f, exit as the job ended (0 succeeded, 1 failed)."""
+    """Print a cluster job's log, drawn like a local launch.
+
+    The launcher's log, which carries every rank's output: rank 0's progress, epochs and result. With -f,
+    exit as the job ended (0 succeeded, 1 failed)."""
     from hvdk8s.launch import logview
     from hvdk8s.launch.base import FAILED
 
@@ -254,11 +274,13 @@ def logs(name: str, follow: bool, raw: bool, log_format: str, context: Optional[
 @click.argument("name")
 @click.option("--timeout", callback=_duration, metavar="DURATION",
               help="Give up after this long (90s, 10m, 1h30m); the job goes on. Default: no limit.")
-@target_options
+@target_options()
 @output_option
 def wait(name: str, timeout: Optional[float], context: Optional[str], namespace: Optional[str],
          kubeconfig: Optional[str], output: Optional[str]) -> None:
-    """Wait for a cluster job to end, printing each change of phase; exit 0 if it succeeded, 1 if it failed."""
+    """Wait for a cluster job to end; exit 0 if it succeeded.
+
+    Prints each change of phase; exits 1 if the job failed."""
     final = _launcher(context, namespace, kubeconfig).wait(name, timeout, on_change=None if output else _say_phase)
     if output:
         _emit(final.to_dict(), output)
@@ -267,7 +289,7 @@ def wait(name: str, timeout: Optional[float], context: Optional[str], namespace:
 
 @click.command("list")
 @click.option("-A", "--all-namespaces", is_flag=True, help="Jobs in every namespace.")
-@target_options
+@target_options()
 @output_option
 def list_jobs(all_namespaces: bool, context: Optional[str], namespace: Optional[str], kubeconfig: Optional[str],
               output: Optional[str]) -> None:
@@ -296,9 +318,11 @@ def list_jobs(all_namespaces: bool, context: Optional[str], namespace: Optional[
 
 @click.command()
 @click.argument("name")
-@target_options
+@target_options()
 def delete(name: str, context: Optional[str], namespace: Optional[str], kubeconfig: Optional[str]) -> None:
-    """Delete a cluster job: the MPIJob (its pods go with it) and its ConfigMap."""
+    """Delete a cluster job, its pods and its ConfigMap.
+
+    The MPIJob (its pods go with it) and its ConfigMap."""
     for ref in _launcher(context, namespace, kubeconfig).delete(name):
         click.echo(f"deleted {ref}")
 

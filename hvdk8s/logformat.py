@@ -26,6 +26,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _BASE = ("time", "level", "job", "event")
 
 
+def split_tag(line: str) -> tuple[Optional[int], Optional[str], str]:
+    """(rank, stream, the line as the rank printed it) of a line mpirun or horovodrun tagged; (None,
+    None, line) of any other."""
+    tag = RANK_TAG.match(line)
+    return (int(tag["rank"]), tag["stream"], line[tag.end():]) if tag else (None, None, line)
+
+
 def timestamp(moment: Optional[dt.datetime] = None) -> str:
     """RFC 3339 in UTC with milliseconds: 2024-05-01T12:00:00.123Z."""
     moment = (moment or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
@@ -100,11 +107,9 @@ class JsonLog:
     def output(self, line: str, level: Optional[str] = None) -> dict[str, Any]:
         """A line of the ranks' (or their launcher's) output as a record."""
         line = _SURROGATE.sub("\ufffd", line.rstrip("\r\n"))
-        tag = RANK_TAG.match(line)
-        rank, stream = (int(tag["rank"]), tag["stream"]) if tag else (None, None)
-        body = line[tag.end():] if tag else line
+        rank, stream, body = split_tag(line)
         level = level or self.tracebacks.level(rank, stream, body)
-        return record(self.job, "output", level, {**({"rank": rank} if tag else {}), "message": body})
+        return record(self.job, "output", level, {**({"rank": rank} if rank is not None else {}), "message": body})
 
     def fail(self, message: str) -> None:
         """hvdk8s's own error about the job (a hung rank stopped)."""

@@ -6,6 +6,7 @@ allowed there; `JobFileError` carries all of them at once.
 """
 from __future__ import annotations
 
+import datetime
 import posixpath
 import re
 from pathlib import Path
@@ -15,7 +16,8 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, Field, ValidationError, field_validator,
                       model_validator)
 
-from hvdk8s import compression, precision, safeyaml, schedule
+from hvdk8s import compression, precision, safeyaml, schedule, suggest
+from hvdk8s.overrides import OverrideError, applied
 from hvdk8s.errors import UserError
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
@@ -67,7 +69,7 @@ class ModelSpec(_Strict):
     @classmethod
     def _known(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and v not in registry.REGISTRY:
-            raise ValueError(f"unknown model {v!r}; registered models: {', '.join(sorted(registry.REGISTRY))} "
+            raise ValueError(f"unknown model {v!r}; {suggest.hint(v, sorted(registry.REGISTRY), 'registered models')} "
                              "(or give `factory` for your own)")
         return v
 
@@ -121,7 +123,7 @@ class DatasetSpec(_Strict):
     @classmethod
     def _known(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and v not in catalog.BUILTIN:
-            raise ValueError(f"unknown dataset {v!r}; built-in datasets: {', '.join(catalog.BUILTIN)} "
+            raise ValueError(f"unknown dataset {v!r}; {suggest.hint(v, catalog.BUILTIN, 'built-in datasets')} "
                              "(or give `path` to a dataset in the shard format)")
         return v
 
@@ -781,15 +783,36 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+def _choices(error: dict) -> list[str]:
+    """The values a Literal field allows, from pydantic's error (`'sgd', 'adam' or 'adamw'`)."""
+    return re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
+
+
+def _unquoted(value: Any) -> Optional[str]:
+    """For a text field given what YAML reads an unquoted date, number or yes/no as: say to quote it."""
+    if isinstance(value, bool):
+        return "YAML reads an unquoted true/false, yes/no or on/off as a boolean, not text: quote it"
+    if isinstance(value, datetime.date):
+        return f'YAML reads an unquoted {value.isoformat()} as a date, not text: quote it ("{value.isoformat()}")'
+    if isinstance(value, (int, float)):
+        return (f"YAML reads this unquoted value as the number {value!r}, not text (1.10 reads as 1.1, 010 as 8): "
+                "quote it as you wrote it")
+    return None
+
+
 def _problems(err: ValidationError, model: type[BaseModel], prefix: tuple = ()) -> list[tuple[str, str]]:
     out = []
     for e in err.errors(include_url=False):
         loc = prefix + tuple(e["loc"])
         if e["type"] == "extra_forbidden":
             allowed = _fields_at(model, tuple(e["loc"])[:-1])
-            msg = "unknown field" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
+            msg = "unknown field" + (f"; {suggest.hint(loc[-1], allowed, 'allowed here')}" if allowed else "")
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] == "literal_error" and (meant := suggest.closest(str(e["input"]), _choices(e))):
+            msg = f"{e['input']!r} is not a choice here; did you mean {meant!r}?"
+        elif e["type"] == "string_type" and _unquoted(e["input"]):
+            msg = _unquoted(e["input"])
         else:
             msg = e["msg"].removeprefix("Value error, ")
             if e["type"] not in ("value_error", "assertion_error") and "input" in e:
@@ -858,24 +881,10 @@ def parse_job(data: Any, source: str = "<job>") -> JobSpec:
 
 def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
     """Apply `a.b.c=value` overrides (value parsed as YAML) to a job document, returning a copy."""
-    import copy
-
-    data = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise JobFileError(source, [(key or item, f"override {item!r} must look like field.path=value")])
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise JobFileError(source, [(key, f"cannot set a field inside {part!r}, which is not a mapping")])
-        try:
-            node[parts[-1]] = safeyaml.load_value(raw)
-        except safeyaml.YAMLInputError as e:
-            raise JobFileError(source, [(key, f"--set value {raw[:80]!r}: {e}")]) from None
-    return data
+    try:
+        return applied(data, overrides)
+    except OverrideError as e:
+        raise JobFileError(source, [(e.field, e.message)]) from None
 
 
 def load_job(path: Union[str, Path], overrides: Optional[list[str]] = None) -> JobSpec:

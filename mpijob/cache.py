@@ -54,7 +54,7 @@ def lease_seconds(spec: JobSpec) -> int:
 def sync_command(spec: JobSpec) -> list[str]:
     cmd = ["hvdk8s", "cache", "sync", spec.dataset.path, spec.kubernetes.cache_dir]
     if spec.dataset.version:
-        cmd += ["--version", spec.dataset.version]
+        cmd += ["--dataset-version", spec.dataset.version]
     if spec.kubernetes.cache_quota:
         cmd += ["--quota", spec.kubernetes.cache_quota]
     return cmd + ["--lease", f"{lease_seconds(spec)}s"]

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from hvdk8s.atomic import atomic_write_all
+from hvdk8s.atomic import atomic_write_all, fsync_dir
 from hvdk8s.errors import UserError
 from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
 from hvdk8s.spec import JobSpec, dump_job, with_backend_defaults
@@ -284,7 +284,8 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[str, str] = {}) -> list[Path]:
     """Write configmap.yaml, mpijob.yaml (podmonitor.yaml with a PodMonitor) and kustomization.yaml.
     Nothing is written unless all of them render, and none is replaced unless all were written whole
-    (a full disk leaves the old set)."""
+    (a full disk leaves the old set). A podmonitor.yaml that an earlier render wrote goes once the job
+    has no PodMonitor; no other file in `directory` is touched."""
     objects = render(spec, files)
     contents = {name: to_yaml([obj]) for name, obj in zip(_files(spec), objects, strict=True)}
     contents["kustomization.yaml"] = to_yaml([kustomization(spec)])
@@ -296,7 +297,25 @@ def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[
             raise IsADirectoryError(21, "is a directory", str(out / blocked[0]))
         # 0644: GitOps tools and reviewers read these files.
         atomic_write_all({out / name: text for name, text in contents.items()})
+        stale = out / POD_MONITOR_FILE  # an earlier render's, for a job that had a PodMonitor
+        if POD_MONITOR_FILE not in contents and _rendered_pod_monitor(stale):
+            stale.unlink()
+            fsync_dir(out)
     except OSError as e:
         where = e.filename or out
-        raise UserError(f"-o {directory}: cannot write {where}: {e.strerror or e}") from None
+        raise UserError(f"--output-dir {directory}: cannot write {where}: {e.strerror or e}") from None
     return [out / name for name in contents]
+
+
+def _rendered_pod_monitor(path: Path) -> bool:
+    """Whether `path` is a PodMonitor that render wrote (a file of the user's of that name stays)."""
+    from hvdk8s import safeyaml
+
+    try:
+        docs = safeyaml.read(path)
+    except (OSError, safeyaml.YAMLInputError):
+        return False
+    doc = docs[0] if len(docs) == 1 and isinstance(docs[0], dict) else {}
+    metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
+    return doc.get("kind") == "PodMonitor" and labels.get("app.kubernetes.io/managed-by") == "hvdk8s"

@@ -119,8 +119,8 @@ def test_a_set_of_files_is_replaced_whole_or_not_at_all(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    run = subprocess.run([sys.executable, "-m", "hvdk8s", "render", str(DIGITS_JOB), "-o", str(out)],
+    run = subprocess.run([sys.executable, "-m", "hvdk8s", "render", str(DIGITS_JOB), "-d", str(out)],
                          capture_output=True, text=True, preexec_fn=small_files, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-    assert f"-o {out}: cannot write" in run.stderr
+    assert f"--output-dir {out}: cannot write" in run.stderr
     assert {p.name: p.read_text() for p in out.iterdir()} == old

@@ -33,7 +33,7 @@ def test_configurations_are_measured_in_turn():
     (("--only", "wrapper,nope"), "--only: unknown benchmark nope"),
     (("--render", GPU_JOB, "--from-logs", GPU_JOB), "--render, --from-logs: one at a time"),
     (("--set", "name=x"), "--set: only with --render"),
-    (("-o", "/proc/hvdk8s-bench"), "--output: cannot write to /proc/hvdk8s-bench"),
+    (("-d", "/proc/hvdk8s-bench"), "--output-dir: cannot write to /proc/hvdk8s-bench"),
 ])
 def test_bad_arguments_are_one_line(args, says):
     run = cli("bench", *args)
@@ -43,7 +43,7 @@ def test_bad_arguments_are_one_line(args, says):
 def test_the_cluster_benchmark_renders_two_valid_mpijobs_with_and_without_rdma(tmp_path):
     from hvdk8s.mpijob import validate as mv
 
-    run = cli("bench", "--render", GPU_JOB, "-o", tmp_path)
+    run = cli("bench", "--render", GPU_JOB, "-d", tmp_path)
     assert run.returncode == 0, run.stderr
     jobs = {label: yaml.safe_load((tmp_path / label / "mpijob.yaml").read_text()) for label in ("rdma", "tcp")}
     for label, job in jobs.items():
@@ -57,7 +57,7 @@ def test_the_cluster_benchmark_renders_two_valid_mpijobs_with_and_without_rdma(t
 
 
 def test_the_cluster_benchmark_needs_a_gpu_job_with_rdma_configured(tmp_path):
-    run = cli("bench", "--render", ROOT / "examples" / "digits.yaml", "-o", tmp_path)
+    run = cli("bench", "--render", ROOT / "examples" / "digits.yaml", "-d", tmp_path)
     assert run.returncode == 2 and "resources.gpus" in run.stderr and "resources.rdma.enabled" in run.stderr
     assert not any(tmp_path.iterdir())
 
@@ -78,7 +78,7 @@ def test_a_cluster_rank_log_becomes_the_report(tmp_path):
     bad = tmp_path / "other.log"
     bad.write_text("no results here\n")
 
-    run = cli("bench", "--from-logs", log, "-o", tmp_path / "report")
+    run = cli("bench", "--from-logs", log, "-d", tmp_path / "report")
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "report" / "results.json").read_text())
     names = [b["name"] for b in result["benchmarks"]]
@@ -91,7 +91,7 @@ def test_a_cluster_rank_log_becomes_the_report(tmp_path):
     assert (tmp_path / "report" / "cluster_allreduce.png").stat().st_size > 0
     assert "## Allreduce bus bandwidth, 2 ranks on 1 nodes" in (tmp_path / "report" / "README.md").read_text()
 
-    run = cli("bench", "--from-logs", bad, "-o", tmp_path / "report2")
+    run = cli("bench", "--from-logs", bad, "-d", tmp_path / "report2")
     assert run.returncode == 2 and f"{bad}: no benchmark result" in run.stderr
 
 

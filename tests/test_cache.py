@@ -651,9 +651,9 @@ def test_cli_sync_prints_the_path_and_fails_cleanly_on_bad_input(tmp_path):
     bad = cli("cache", "sync", src, cache, "--key", "../escape")
     assert bad.returncode == 2 and "invalid dataset key" in bad.stderr and not (tmp_path / "escape").exists()
 
-    named = cli("cache", "sync", src, cache, "--key", "mine", "--version", "v2")
+    named = cli("cache", "sync", src, cache, "--key", "mine", "--dataset-version", "v2")
     assert named.returncode == 0 and Path(named.stdout.splitlines()[-1]) == cache / "mine" / "data"
-    versioned = cli("cache", "sync", src, cache, "--version", "v2")
+    versioned = cli("cache", "sync", src, cache, "--dataset-version", "v2")
     assert Path(versioned.stdout.splitlines()[-1]) == cache / dataset_key(str(src), "v2") / "data"
     assert cached_path(str(src), cache, version="v2") == cache / dataset_key(str(src), "v2") / "data"
 

@@ -1,5 +1,5 @@
 """Generated job files and MPIJob YAML through the real command (in this process, click's CliRunner):
-`hvdk8s validate FILE` and `hvdk8s render FILE -o DIR` exit 0 or 2, never with a traceback, within a time
+`hvdk8s validate FILE` and `hvdk8s render FILE -d DIR` exit 0 or 2, never with a traceback, within a time
 limit; every exit 2 names the file (and, in its lines, the fields); a refused render leaves nothing in DIR.
 
 The inputs are the examples (and a rendered MPIJob) mutated: values of the wrong type, integers past 32 and
@@ -144,9 +144,9 @@ def _run(target: str, *args):
 
 
 def _names_its_input(result, path: Path, out: Path | None = None) -> bool:
-    """The message names the file, the -o directory, or a field (a `  field.path: message` line)."""
+    """The message names the file, the -d directory, or a field (a `  field.path: message` line)."""
     fields = [line for line in result.stderr.splitlines() if re.match(r"^  (?!\(top level\))\S[^:]*: ", line)]
-    return str(path) in result.stderr or (out is not None and f"-o {out}" in result.stderr) or bool(fields)
+    return str(path) in result.stderr or (out is not None and f"--output-dir {out}" in result.stderr) or bool(fields)
 
 
 def _check_job_file(tmp_path: Path, example: str, content: bytes) -> None:
@@ -161,7 +161,7 @@ def _check_job_file(tmp_path: Path, example: str, content: bytes) -> None:
         # business; here, in this process, a `hidden: [2**40]` would take the memory)
         checked = _run("job files: validate", "validate", "--no-import", path)
         assert checked.exit_code == 0 or _names_its_input(checked, path), checked.stderr
-        rendered = _run("job files: render -o", "render", path, "-o", out)
+        rendered = _run("job files: render -d", "render", path, "-d", out)
         if rendered.exit_code == 0:
             assert checked.exit_code == 0, f"render took what validate refused:\n{checked.stderr}"
             written = sorted(p.name for p in out.iterdir())  # a PodMonitor too, where the job asks for one

@@ -169,6 +169,8 @@ def test_no_kubeconfig_or_an_unknown_context_say_what_to_set(cluster, job, tmp_p
     assert "no kubeconfig at " in _one_line(run) and "set KUBECONFIG" in run.stderr
     line = _one_line(cluster.cli("status", "x", "--context", "nosuch"))
     assert "no context 'nosuch' in " in line and "pick one of: " in line
+    line = _one_line(cluster.cli("status", "x", "--context", "hvdk8s-tset"))  # a typo: the one meant
+    assert "no context 'hvdk8s-tset' in " in line and "did you mean hvdk8s-test?" in line, line
 
 
 # --- the PodMonitor (observability.metrics.pod_monitor): the Prometheus Operator's CRD, or none ----------

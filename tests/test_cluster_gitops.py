@@ -1,4 +1,4 @@
-"""The GitOps route against a real API server: `hvdk8s render -o DIR`, applied by kubectl itself
+"""The GitOps route against a real API server: `hvdk8s render -d DIR`, applied by kubectl itself
 (`kubectl apply -k DIR`, as a GitOps controller applies a folder), then followed and removed with the
 same verbs as a job `hvdk8s launch` made. No mpi-operator runs in the project's cluster: `Operator`
 writes the MPIJob's status subresource as it would.
@@ -12,7 +12,7 @@ def test_a_rendered_folder_applied_with_kubectl_is_followed_and_deleted(cluster,
                                                                          tmp_path):
     name, folder = unique("gitops"), tmp_path / "deploy"
     path = job_file({"name": name, "kubernetes": {"namespace": namespace}})
-    rendered = cluster.cli("render", path, "-o", folder)
+    rendered = cluster.cli("render", path, "-d", folder)
     assert rendered.returncode == 0, rendered.stderr
     applied = cluster.kubectl("apply", "-k", folder)
     assert f"configmap/{name}-job created" in applied.stdout and f"mpijob.kubeflow.org/{name} created" in applied.stdout
@@ -45,7 +45,7 @@ def test_a_rendered_folder_applied_with_kubectl_is_followed_and_deleted(cluster,
 def test_delete_leaves_a_configmap_of_that_name_that_is_not_the_jobs(cluster, job_file, namespace, tmp_path):
     """The labels decide: a ConfigMap `NAME-job` that hvdk8s did not make stays."""
     name, folder = unique("gitops"), tmp_path / "deploy"
-    assert cluster.cli("render", job_file({"name": name, "kubernetes": {"namespace": namespace}}), "-o",
+    assert cluster.cli("render", job_file({"name": name, "kubernetes": {"namespace": namespace}}), "-d",
                        folder).returncode == 0
     cluster.kubectl("apply", "-f", folder / "mpijob.yaml")
     cluster.kubectl("create", "configmap", f"{name}-job", "-n", namespace, "--from-literal=owner=someone-else")

@@ -108,7 +108,7 @@ def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster,
     assert follower.returncode == 0, errors
     lines = out.splitlines()
     assert lines == ["Warning: Permanently added 'worker-0' to the list of known hosts.", _text(start),
-                     _text(EPOCHS[0]), _text(EPOCHS[1]), "[1,1]<stdout>:a rank's own print",
+                     _text(EPOCHS[0]), _text(EPOCHS[1]), "[rank 1] a rank's own print",
                      "done: test accuracy 65.12% after 2 epochs in 3.2s (parameters ab12cd34)"]
     assert "progress" not in out and "step 5/23" not in out  # progress is a bar on a terminal, nothing in a pipe
     assert f"mpijob/{name}: Succeeded" in errors

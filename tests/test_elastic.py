@@ -101,7 +101,7 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
                             "--host-discovery-script"]
     assert command[10].endswith("-m hvdk8s.launch.discovery --port 2222 --slots 2 /etc/mpi/discover_hosts.sh")
     assert "--gloo" in command and command[-3:] == ["hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
-    rendered = invoke("render", job, "-o", tmp_path / "rendered")
+    rendered = invoke("render", job, "-d", tmp_path / "rendered")
     assert rendered.exit_code == 0, rendered.output
     checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml")  # the operator's rules and defaults
     assert checked.exit_code == 0, checked.output
@@ -110,7 +110,7 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
         checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml", "--crd", crd)
         assert checked.exit_code == 0, checked.output
 
-    too_many = invoke("render", job, "--set", "resources.workers=3", "-o", tmp_path / "out")
+    too_many = invoke("render", job, "--set", "resources.workers=3", "-d", tmp_path / "out")
     assert too_many.exit_code == 2 and "training.elastic" in too_many.output and "1..2" in too_many.output
     assert not (tmp_path / "out").exists()
 

@@ -138,9 +138,9 @@ def test_render_into_a_bad_destination_names_it_and_leaves_nothing(tmp_path):
     if os.geteuid() != 0:  # root writes through 0555
         cases.append(readonly)
     for out in cases:
-        run = cli("render", DIGITS_JOB, "-o", out)
+        run = cli("render", DIGITS_JOB, "-d", out)
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-        assert f"-o {out}: cannot write" in run.stderr
+        assert f"--output-dir {out}: cannot write" in run.stderr
     assert sorted(p.name for p in taken.iterdir()) == ["mpijob.yaml"]  # nothing else, no temporary file
 
 
@@ -166,7 +166,7 @@ def test_a_job_that_expands_past_the_bound_is_refused_at_validate(tmp_path, fiel
     path.write_text("name: big\nframework: pytorch\n" + _EXPANDING[field] % (_PAD, many) + _TRAINING)
     assert path.stat().st_size < 6000
     (tmp_path / "train.py").write_text("print('hello')\n")
-    for verb in (("validate", "--no-import"), ("render", "-o", tmp_path / "out")):
+    for verb in (("validate", "--no-import"), ("render", "-d", tmp_path / "out")):
         with cpu_bounded(2.0, verb):
             result = invoke(*verb, path)
         assert result.exit_code == 2, result.output

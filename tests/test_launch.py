@@ -162,5 +162,5 @@ def test_a_hung_or_dead_rank_ends_the_job_within_its_bound(job_file, controller,
     if how == "hang":  # ended by the stall bound: hvdk8s's watchdog or Horovod's stall shutdown
         assert ("no progress from the ranks for 6s" in text or "Horovod has been shut down" in text
                 or "stall" in text.lower()), text
-    assert "Traceback (most recent call last)" not in text.replace("<stderr>:Traceback", ""), text
+    assert "horovod/runner/" not in text, text  # the launcher's frames; a rank's own traceback may pass
     assert re.search(r"\b1\b", text.split("epoch 1/", 1)[1]), text  # the rank is named

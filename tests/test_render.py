@@ -78,7 +78,7 @@ def test_golden_cases_cover_the_required_shapes():
 def test_render_matches_golden_files_and_is_byte_identical_twice(case, tmp_path):
     if UPDATE:
         renderer.write_directory(load_job(GOLDEN / case / "job.yaml"), GOLDEN / case)
-    proc = cli("render", GOLDEN / case / "job.yaml", "-o", tmp_path)
+    proc = cli("render", GOLDEN / case / "job.yaml", "-d", tmp_path)
     assert proc.returncode == 0, proc.stderr
     for name in ("configmap.yaml", "mpijob.yaml", "kustomization.yaml"):
         assert (tmp_path / name).read_text() == (GOLDEN / case / name).read_text(), f"{case}/{name} changed"
@@ -102,7 +102,7 @@ def test_kubectl_kustomize_builds_the_rendered_directory(case, tmp_path):
 
 def test_readme_applies_the_rendered_directory_with_kustomize():
     readme = (ROOT / "README.md").read_text()
-    assert "kubectl apply -k deploy/" in readme  # the -o directory holds a kustomization.yaml
+    assert "kubectl apply -k deploy/" in readme  # the -d directory holds a kustomization.yaml
     assert not re.search(r"kubectl apply -f deploy/", readme)
 
 
@@ -257,7 +257,7 @@ def test_checkpoints_need_a_writable_volume():
 
 def test_render_refuses_an_uncovered_checkpoint_from_the_cli_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    proc = cli("render", GOLDEN / "gpu-1x8" / "job.yaml", "--set", "kubernetes.volumes=[]", "-o", out)
+    proc = cli("render", GOLDEN / "gpu-1x8" / "job.yaml", "--set", "kubernetes.volumes=[]", "-d", out)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert "  training.checkpoint.dir:" in proc.stderr and not out.exists()
 
@@ -406,7 +406,7 @@ def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
     assert permissions["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert permissions["securityContext"]["privileged"] is False
     assert sync["command"] == ["hvdk8s", "cache", "sync", "s3://datasets/cifar10-shards", "/var/cache/hvdk8s",
-                               "--version", "2024-06", "--quota", "500Gi", "--lease", "1500s"]
+                               "--dataset-version", "2024-06", "--quota", "500Gi", "--lease", "1500s"]
     assert "runAsUser" not in sync["securityContext"]  # the pod's non-root user
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sync["env"]}
     assert env == {"AWS_ENDPOINT_URL": "https://minio.storage.svc:9000",
@@ -564,7 +564,7 @@ def test_the_configmap_carries_the_job_file_that_trains():
 def test_bad_cluster_settings_exit_2_and_write_nothing(tmp_path, override, field, words):
     out = tmp_path / "out"
     args = [a for o in override for a in ("--set", o)]
-    proc = cli("render", GOLDEN / "gpu-1x8" / "job.yaml", "-o", out, *args)
+    proc = cli("render", GOLDEN / "gpu-1x8" / "job.yaml", "-d", out, *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"  {field}:" in proc.stderr and words in " ".join(proc.stderr.split()), proc.stderr
     assert not out.exists()
@@ -732,7 +732,7 @@ def test_a_pod_monitor_selects_exactly_the_pods_that_run_ranks(case):
 
 def test_render_writes_the_pod_monitor_beside_the_job_and_lists_it_for_kustomize(tmp_path):
     args = ["render", GOLDEN / "gpu-4x8-tcp" / "job.yaml", "--set", "observability.metrics.pod_monitor=true"]
-    assert cli(*args, "-o", tmp_path / "a").returncode == 0 and cli(*args, "-o", tmp_path / "b").returncode == 0
+    assert cli(*args, "-d", tmp_path / "a").returncode == 0 and cli(*args, "-d", tmp_path / "b").returncode == 0
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert files == ["configmap.yaml", "kustomization.yaml", "mpijob.yaml", "podmonitor.yaml"]
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
@@ -746,7 +746,7 @@ def test_render_writes_the_pod_monitor_beside_the_job_and_lists_it_for_kustomize
 def test_a_pod_monitor_of_metrics_turned_off_is_a_field_error(tmp_path):
     out = tmp_path / "out"
     proc = cli("render", GOLDEN / "cpu" / "job.yaml", "--set",
-               "observability.metrics={enabled: false, pod_monitor: true}", "-o", out)
+               "observability.metrics={enabled: false, pod_monitor: true}", "-d", out)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and not out.exists()
     assert "  observability.metrics.pod_monitor:" in proc.stderr
 

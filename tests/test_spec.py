@@ -54,7 +54,8 @@ DELETE = object()
 
 BAD = [
     # (what, field path, value, field named in the error, words in the message)
-    ("unknown key", "training.batchsize", 32, "training.batchsize", "unknown field; allowed here: epochs"),
+    ("unknown key", "training.batchsize", 32, "training.batchsize", "unknown field; did you mean batch_size?"),
+    ("unknown key like none", "training.nodes", 2, "training.nodes", "unknown field; allowed here: epochs"),
     ("unknown top-level key", "nodes", 3, "nodes", "unknown field"),
     ("wrong type", "training.epochs", "ten", "training.epochs", "valid integer"),
     ("negative batch size", "training.batch_size", -8, "training.batch_size", "greater than 0"),

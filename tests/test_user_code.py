@@ -39,7 +39,7 @@ def test_own_script_trains_checkpoints_resumes_and_renders(tmp_path):
 
     out = tmp_path / "rendered"
     # On a cluster checkpoints must land on a volume that outlives the pods (render refuses otherwise).
-    rendered = cli("render", job, "-o", out, "--set", "training.checkpoint.dir=/ckpt/own-script",
+    rendered = cli("render", job, "-d", out, "--set", "training.checkpoint.dir=/ckpt/own-script",
                    "--set", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: own-script-ckpt}]")
     assert rendered.returncode == 0, rendered.stderr
     configmap = yaml.safe_load((out / "configmap.yaml").read_text())
@@ -201,7 +201,7 @@ def test_a_script_the_configmap_cannot_carry_is_refused_at_render(tmp_path, cont
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({"name": "carried", "framework": "pytorch", "entrypoint": {"script": "train.py"},
                                    "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}))
-    run = cli("render", job, "-o", tmp_path / "out")
+    run = cli("render", job, "-d", tmp_path / "out")
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert "entrypoint.script:" in run.stderr and message in run.stderr, run.stderr
     assert not (tmp_path / "out").exists()

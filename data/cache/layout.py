@@ -135,11 +135,13 @@ class DatasetDir:
     def write_source(self, source: str, version: str | None) -> None:
         atomic_write(self.source_path, json.dumps({"source": source, "version": version}).encode())
 
-    def read_source(self) -> str | None:
+    def read_source(self) -> tuple[str | None, str | None]:
+        """What the dataset is synced from and its version: (None, None) where unreadable."""
         try:
-            return str(json.loads(self.source_path.read_bytes())["source"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+            d = json.loads(self.source_path.read_bytes())
+            return str(d["source"]), None if d.get("version") is None else str(d["version"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None, None
 
     def write_last_sync(self, files_hit: int, files_missed: int, bytes_copied: int, seconds: float) -> None:
         atomic_write(self.last_sync_path, json.dumps({"files_hit": files_hit, "files_missed": files_missed,

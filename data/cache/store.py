@@ -38,6 +38,7 @@ class CachedDataset:
     complete: bool
     held: bool                       # a job holds it (a shared flock on .hold) right now
     leased_until: float | None = None  # the end of an unexpired lease (seconds since the epoch)
+    version: str | None = None         # the dataset version it was synced as (`sync(version=...)`)
 
 
 def cached_path(source: str, cache_root: str | os.PathLike, version: str | None = None) -> Path | None:
@@ -112,14 +113,16 @@ def _is_held(ds: DatasetDir) -> bool:
 def _describe(ds: DatasetDir) -> CachedDataset:
     manifest = ds.read_manifest()
     if manifest is not None:
-        source, nbytes, nfiles = manifest.source, manifest.total_bytes, len(manifest.files)
+        source, version = manifest.source, manifest.version
+        nbytes, nfiles = manifest.total_bytes, len(manifest.files)
     else:
         on_disk, parts = ds.scan()
-        source = ds.read_source()
+        source, version = ds.read_source()
         nbytes = sum(st.st_size for st in on_disk.values()) + sum(p.stat().st_size for p in parts if p.exists())
         nfiles = len(on_disk)
     return CachedDataset(key=ds.key, source=source, bytes=nbytes, files=nfiles, last_used=ds.last_used(),
-                         complete=manifest is not None, held=_is_held(ds), leased_until=_lease_end(ds))
+                         complete=manifest is not None, held=_is_held(ds), leased_until=_lease_end(ds),
+                         version=version)
 
 
 def _purge_trash(root: Path) -> None:

@@ -84,7 +84,10 @@ def connect(context: Optional[str] = None, kubeconfig: Optional[str] = None) -> 
         contexts, current = config.list_kube_config_contexts(config_file=path)
         names = [c.get("name") for c in contexts]
         if context and context not in names:
-            raise ClusterError(f"no context {context!r} in {path}; pick one of: {', '.join(map(str, names))}")
+            from hvdk8s import suggest
+
+            raise ClusterError(f"no context {context!r} in {path}; "
+                               + suggest.hint(context, map(str, names), "pick one of"))
         if not context and not current:
             raise ClusterError(f"{path} sets no current context; pass --context (one of: {', '.join(map(str, names))})")
         config.load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)

@@ -385,6 +385,9 @@ class _ProgressView:
         self.task = None
 
     def passthrough(self, line: str) -> None:
+        # As the rank printed it: mpirun's `[1,0]<stdout>:` tag goes; a rank other than 0 is still named.
+        rank, _, body = logformat.split_tag(line)
+        line = body if rank in (None, 0) else f"[rank {rank}] {body}"
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         self.console.file.flush()  # live through pipes too (`hvdk8s launch ... | tee log`)
 
