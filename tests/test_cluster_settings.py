@@ -202,21 +202,53 @@ def _container_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[
     return env
 
 
-def test_the_sync_init_container_reaches_s3_through_the_jobs_proxy(job_file, tmp_path, s3_endpoint, recording_proxy):
-    """The init container's command and environment, run here as the kubelet would run them: the sync reaches
-    S3 with the Secret's credentials, in the job's region, through the job's proxy."""
+DATASET_FILES = {"train/part-0.bin": b"x" * 1000, "test/part-0.bin": b"y" * 10}
+
+
+def _s3_dataset(s3_endpoint: str, tmp_path: Path) -> dict:
+    """DATASET_FILES in a bucket of moto's S3 server in eu-west-1; the job's `dataset` for it."""
     import boto3
 
     client = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="testing",
                           aws_secret_access_key="testing", region_name="eu-west-1")
     client.create_bucket(Bucket="datasets", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    files = {"train/part-0.bin": b"x" * 1000, "test/part-0.bin": b"y" * 10}
-    for rel, data in files.items():
+    for rel, data in DATASET_FILES.items():
         client.put_object(Bucket="datasets", Key=f"digits/{rel}", Body=data)
+    return {"name": None, "path": "s3://datasets/digits", "s3": {
+        "endpoint_url": s3_endpoint, "credentials_secret": "s3-creds", "region": "eu-west-1"}}
+
+
+@pytest.fixture
+def http_dataset(tmp_path):
+    """DATASET_FILES published (with their manifest) by an HTTP server on loopback; the job's `dataset` for it."""
+    import functools
+
+    from hvdk8s.data import cache as dc
+
+    root = tmp_path / "www" / "digits"
+    for rel, data in DATASET_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    dc.write_manifest(root)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}),
+        directory=str(tmp_path / "www")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"name": None, "path": f"http://127.0.0.1:{server.server_address[1]}/digits/"}
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("source", ["s3", "http"])
+def test_the_sync_init_container_reaches_its_source_through_the_jobs_proxy(job_file, tmp_path, recording_proxy,
+                                                                           source, request):
+    """The init container's command and environment, run here as the kubelet would run them: the sync reaches
+    S3 with the Secret's credentials, in the job's region (or an HTTP server), through the job's proxy."""
+    dataset = (_s3_dataset(request.getfixturevalue("s3_endpoint"), tmp_path) if source == "s3"
+               else request.getfixturevalue("http_dataset"))
     proxy = f"http://127.0.0.1:{recording_proxy.server_address[1]}"
-    path = job_file({"dataset": {"name": None, "path": "s3://datasets/digits", "s3": {
-        "endpoint_url": s3_endpoint, "credentials_secret": "s3-creds", "region": "eu-west-1"}},
-        "kubernetes": {"namespace": "ml", "env": {"HTTP_PROXY": proxy, "NO_PROXY": ".svc"}}})
+    path = job_file({"dataset": dataset, "kubernetes": {"namespace": "ml",
+                                                        "env": {"HTTP_PROXY": proxy, "NO_PROXY": ".svc"}}})
     sync = next(c for c in worker_pod(rendered_job(path))["initContainers"] if c["name"] == "dataset-cache")
     secrets = {"s3-creds": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
@@ -228,9 +260,9 @@ def test_the_sync_init_container_reaches_s3_through_the_jobs_proxy(job_file, tmp
                          timeout=300)
     assert run.returncode == 0, run.stderr
     synced = Path(run.stdout.strip().splitlines()[-1])
-    assert {str(p.relative_to(synced)): p.read_bytes() for p in synced.rglob("*") if p.is_file()} == files
-    host = s3_endpoint.removeprefix("http://")
-    assert any(url.startswith(f"http://{host}/datasets") for _, url in recording_proxy.seen), recording_proxy.seen
+    assert {str(p.relative_to(synced)): p.read_bytes() for p in synced.rglob("*") if p.is_file()} == DATASET_FILES
+    host = (dataset["s3"]["endpoint_url"] + "/datasets" if source == "s3" else dataset["path"])
+    assert any(url.startswith(host) for _, url in recording_proxy.seen), recording_proxy.seen
 
 
 def test_the_credentials_secrets_key_names_are_documented():
