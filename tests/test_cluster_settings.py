@@ -265,6 +265,91 @@ def test_the_sync_init_container_reaches_its_source_through_the_jobs_proxy(job_f
     assert any(url.startswith(host) for _, url in recording_proxy.seen), recording_proxy.seen
 
 
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hvdk8s test CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "ca.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.fixture
+def s3_behind_private_ca(tmp_path):
+    """moto's S3 over HTTPS with a certificate of a private CA: (endpoint URL, the CA's PEM file)."""
+    import ssl
+
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    (tmp_path / "tls").mkdir()
+    cert, key = _self_signed(tmp_path / "tls")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True,
+                         ssl_context=context)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", cert
+    server.shutdown()
+
+
+def test_the_sync_init_container_trusts_the_jobs_ca_bundle(job_file, tmp_path, s3_behind_private_ca):
+    """The sync container's command and environment, its CA bundle Secret mounted where the pod mounts it:
+    the sync reaches an S3 endpoint whose certificate a private CA signed; without the bundle it cannot."""
+    import boto3
+
+    endpoint, ca = s3_behind_private_ca
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                          region_name="us-east-1", verify=str(ca))
+    client.create_bucket(Bucket="private")
+    for rel, data in DATASET_FILES.items():
+        client.put_object(Bucket="private", Key=f"digits/{rel}", Body=data)
+    path = job_file({"dataset": {"name": None, "path": "s3://private/digits", "s3": {
+        "endpoint_url": endpoint, "credentials_secret": "s3-creds", "ca_bundle": {"secret": "internal-ca"}}},
+        "kubernetes": {"namespace": "ml"}})
+    sync = next(c for c in worker_pod(rendered_job(path))["initContainers"] if c["name"] == "dataset-cache")
+    mounted = {m["mountPath"]: tmp_path / m["name"] for m in sync["volumeMounts"]}  # each volume, here
+    ca_mount = next(m["mountPath"] for m in sync["volumeMounts"] if m["name"] == "s3-ca-bundle")
+    mounted[ca_mount].mkdir()
+    (mounted[ca_mount] / "ca.crt").write_bytes(ca.read_bytes())  # the Secret's key ca.crt, as the kubelet writes it
+
+    def here(value: str) -> str:
+        for inside, local in mounted.items():
+            if value == inside or value.startswith(inside + "/"):
+                return str(local) + value[len(inside):]
+        return value
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
+           **{k: here(v) for k, v in _container_env(sync, {"s3-creds": {"AWS_ACCESS_KEY_ID": "testing",
+                                                                         "AWS_SECRET_ACCESS_KEY": "testing"}}).items()}}
+    command = [sys.executable, "-m", "hvdk8s", *map(here, sync["command"][1:])]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    synced = Path(run.stdout.strip().splitlines()[-1])
+    assert {str(p.relative_to(synced)): p.read_bytes() for p in synced.rglob("*") if p.is_file()} == DATASET_FILES
+    untrusted = subprocess.run(command + ["--key", "again"], capture_output=True, text=True, timeout=300,
+                               env={k: v for k, v in env.items() if k != "AWS_CA_BUNDLE"})
+    assert untrusted.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr.replace(" ", "_").upper(), \
+        untrusted.stderr
+
+
 def test_the_credentials_secrets_key_names_are_documented():
     from hvdk8s.spec import S3Spec
 
