@@ -62,7 +62,8 @@ def sync_command(spec: JobSpec) -> list[str]:
 
 # A proxy the job sets for its ranks (kubernetes.env or secret_env) is one the sync must go through too.
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-CA_VOLUME, CA_DIR = layout.S3_CA_VOLUME, "/etc/hvdk8s/s3-ca"  # in the sync container only (no job ConfigMap there)
+# Under the job ConfigMap's folder, which no user volume may overlap; the sync container does not mount the ConfigMap.
+CA_VOLUME, CA_DIR = layout.S3_CA_VOLUME, f"{layout.JOB_DIR}/s3-ca"
 
 
 def _source_env(spec: JobSpec) -> list[dict[str, Any]]:
