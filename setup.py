@@ -30,7 +30,7 @@ setup(
     ext_modules=[Extension("hvdk8s._sleepy_negotiation", ["hvdk8s/native/sleepy_negotiation.c"], optional=True)],
     # Light core: validating and rendering jobs needs neither framework nor Horovod.
     install_requires=[
-        "pydantic>=2.5,<3",
+        "pydantic>=2.10,<3",  # default_factory reading the fields before it
         "pyyaml>=6",
         "click>=8.1",
         "rich>=13",

@@ -5,7 +5,7 @@ rank, the trainer (`hvdk8s train`) or the user's own script. Scripts import the 
 (`hvdk8s.torch` or `hvdk8s.tensorflow`), the models (`hvdk8s.models`) and the rank-sharded loaders
 (`hvdk8s.data`), and read their job with `hvdk8s.job()`.
 """
-__version__ = "0.1.0"
+from hvdk8s._version import __version__  # noqa: F401  (hvdk8s.__version__)
 
 
 def job():

@@ -126,10 +126,35 @@ def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, cr
     spec = _load(job, overrides)
     if not no_import:
         _check_code(spec, job)
+    _check_for_cluster(spec, job)
     if show:
-        click.echo(dump_job(spec), nl=False)
+        from hvdk8s.jobprint import annotated
+
+        click.echo(annotated(spec), nl=False)
     else:
-        click.echo(f"{job}: valid ({spec.summary}, {spec.training.epochs} epochs)")
+        epochs = f", {spec.training.epochs} epochs" if spec.training.epochs else ""
+        click.echo(f"{job}: valid ({spec.summary}{epochs})")
+
+
+def _check_for_cluster(spec: JobSpec, job: str) -> None:
+    """What `render` and `launch` would refuse (the one function they run, `checks.cluster_problems`): an error
+    for a job file with cluster settings, a warning for a local one; and what they would note."""
+    from rich.markup import escape
+
+    from hvdk8s.mpijob import checks
+
+    problems = checks.cluster_problems(spec)
+    if not checks.has_cluster_settings(spec):
+        if problems:
+            err.print(f"[yellow]warning:[/] {escape(job)}: valid for a local launch, but `hvdk8s render` and "
+                      "`launch` would refuse it for a cluster (it sets no "
+                      f"{' or '.join(f + ':' for f in checks.CLUSTER_FIELDS)}, so validate judges it as a local job):"
+                      + "".join(f"\n  [bold]{escape(p)}[/]: {escape(m)}" for p, m in problems), highlight=False)
+        return
+    if problems:
+        raise UserError(f"{job}: cannot run on a cluster as written (`hvdk8s render` and `launch` refuse it)",
+                        problems)
+    cli_cluster.note_pod_security(spec)
 
 
 def _mpijob_documents(path: str) -> list | None:
@@ -300,6 +325,7 @@ def render(job: str, output_dir: str | None, old_output_dir: str | None, overrid
             click.echo(str(path))
     else:
         click.echo(renderer.to_yaml(renderer.render(spec, files)), nl=False)
+    cli_cluster.note_pod_security(spec)
 
 
 @cli.group()

@@ -105,6 +105,15 @@ def _say_phase(status) -> None:
               + (f": {_escape(status.message)}" if status.finished and status.message else ""))  # free text
 
 
+def note_pod_security(spec) -> None:
+    """On stderr: the Pod Security level a job's pods need, when it is more than restricted (render, launch)."""
+    from hvdk8s.mpijob.podsecurity import level_note
+
+    note = level_note(spec)
+    if note:
+        err.print("[yellow]note:[/] " + _escape(note))
+
+
 # --- launch (the cluster half; `hvdk8s launch --local` stays in cli.py) ------------------------------
 
 def resolve_namespace(spec, flag: Optional[str], context: Optional[str], kubeconfig: Optional[str],
@@ -135,6 +144,7 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
     job_dir = Path(job).parent
     if dry_run:
         objects = kube.manifests(spec, job_dir, job)
+        note_pod_security(spec)
         if output == "json":
             _emit(objects, "json")
         else:
@@ -145,6 +155,7 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
         return 0
     launcher = kube.KubernetesLauncher.connect(context, spec.kubernetes.namespace, kubeconfig)
     name = launcher.submit(spec, job_dir, job, on_note=lambda note: err.print("[yellow]note:[/] " + _escape(note)))
+    note_pod_security(spec)
     ns, made = launcher.namespace, [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in launcher.created]
     where = f"namespace {ns}" + (f", context {launcher.conn.context}" if launcher.conn.context else "")
     if log:

@@ -9,19 +9,21 @@ from __future__ import annotations
 import datetime
 import posixpath
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 from hvdk8s import compression, precision, safeyaml, schedule, suggest
+from hvdk8s._version import __version__
 from hvdk8s.overrides import OverrideError, applied
 from hvdk8s.errors import UserError
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
-from hvdk8s.quantity import ByteQuantity, Quantity
+from hvdk8s.quantity import ByteQuantity, Quantity, parse_quantity
 from hvdk8s.strict import StrictModel
 from hvdk8s import k8snames
 from hvdk8s.mpijob import layout
@@ -93,13 +95,58 @@ class ModelSpec(_Strict):
 REMOTE_SCHEMES = ("s3", "http", "https")
 
 
+# The keys the S3 credentials Secret must hold (the variables botocore reads), and the optional one.
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_SECRET_OPTIONAL_KEYS = ("AWS_SESSION_TOKEN",)
+
+
+def _data_key(v: str) -> str:
+    if not _CONFIGMAP_KEY.match(v):
+        raise ValueError(f"{v!r} is not a Secret or ConfigMap key (letters, digits, '-', '_', '.')")
+    return v
+
+
+# The name of a Secret or ConfigMap (a DNS subdomain), and a key of its data.
+ObjectName = Annotated[str, AfterValidator(lambda v: _k8s_valid(k8snames.dns1123_subdomain, v))]
+DataKey = Annotated[str, AfterValidator(_data_key)]
+
+
+class CABundleSpec(_Strict):
+    """A PEM file of the certificate authorities to trust, from a Secret or a ConfigMap of the job's namespace."""
+
+    secret: Optional[ObjectName] = None
+    config_map: Optional[ObjectName] = None
+    key: DataKey = Field(default="ca.crt", description="the key holding the PEM text")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CABundleSpec":
+        if (self.secret is None) == (self.config_map is None):
+            raise ValueError("give exactly one of `secret` or `config_map` (the object holding the PEM file)")
+        return self
+
+
 class S3Spec(_Strict):
     """An S3-compatible object store. Credentials come from the environment locally
-    (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and from `credentials_secret` on a cluster."""
+    (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and from `credentials_secret` on a cluster, where the
+    dataset-cache init container also gets the region, the CA bundle and kubernetes.env's proxy variables."""
 
     endpoint_url: Optional[str] = Field(default=None, description="e.g. https://minio.example.com; AWS if unset")
     credentials_secret: Optional[str] = Field(
-        default=None, description="Kubernetes Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        default=None, description=f"Kubernetes Secret with keys {' and '.join(S3_SECRET_KEYS)} (and optionally "
+                                  f"{', '.join(S3_SECRET_OPTIONAL_KEYS)}), e.g. kubectl create secret generic NAME "
+                                  "--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=...")
+    region: Optional[str] = Field(default=None, description="AWS_REGION of the bucket, e.g. eu-west-1 (AWS's "
+                                                            "default region if unset)")
+    ca_bundle: Optional[CABundleSpec] = Field(
+        default=None, description="certificate authorities for an endpoint with a private CA: {secret or "
+                                  "config_map, key}; mounted in the sync container as AWS_CA_BUNDLE")
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.fullmatch(r"[a-z0-9][-a-z0-9]{0,62}", v):
+            raise ValueError(f"{v!r} is not a region name (e.g. us-east-1)")
+        return v
 
 
 class DatasetSpec(_Strict):
@@ -180,11 +227,21 @@ class ElasticSpec(_Strict):
         return self
 
 
+# Fields hvdk8s's trainer cannot do without; a script job (`entrypoint`) may leave them out (or the whole
+# `training` block): its script reads what it wants of them through hvdk8s.job().
+TRAINER_REQUIRED = ("epochs", "batch_size", "learning_rate")
+
+
 class TrainingSpec(_Strict):
-    epochs: int = Field(gt=0, le=1_000_000)
-    batch_size: int = Field(gt=0, le=1 << 24, description="samples per rank per backward pass")
+    epochs: Optional[int] = Field(default=None, gt=0, le=1_000_000,
+                                  description="required for hvdk8s's trainer; a script job may leave it out")
+    batch_size: Optional[int] = Field(default=None, gt=0, le=1 << 24,
+                                      description="samples per rank per backward pass (required for hvdk8s's "
+                                                  "trainer)")
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    learning_rate: float = Field(gt=0.0, allow_inf_nan=False, description="for one rank; scaled by lr_scaling")
+    learning_rate: Optional[float] = Field(default=None, gt=0.0, allow_inf_nan=False,
+                                           description="for one rank; scaled by lr_scaling (required for "
+                                                       "hvdk8s's trainer)")
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     lr_scaling: Literal[schedule.LR_SCALING] = Field(
@@ -264,16 +321,46 @@ def _k8s_valid(check, value: str) -> str:
     return value
 
 
+SHM_DEFAULT_MAX = 8 * 2**30  # a worker pod's /dev/shm by default: half its memory, at most this
+# `gpus` counts the whole job; these are each worker pod's (messages and `validate --print` say so).
+PER_WORKER_POD = ("cpu", "memory", "shm_size")
+
+
+def _as_quantity(amount: Decimal) -> str:
+    """Bytes as the shortest exact quantity: 8Gi, 1536Mi, 1000 (whole bytes, rounded down)."""
+    whole = int(amount)
+    for suffix, power in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if whole and whole % 2**power == 0:
+            return f"{whole >> power}{suffix}"
+    return str(whole)
+
+
+def _default_shm_size(fields: dict) -> str:
+    """Half the worker pod's memory, at most 8Gi: /dev/shm is memory-backed and counts against the limit.
+    (Called only when the fields before it are valid.)"""
+    return _as_quantity(min(parse_quantity(fields["memory"]) / 2, Decimal(SHM_DEFAULT_MAX)))
+
+
 class ResourcesSpec(_Strict):
-    gpus: int = Field(default=0, ge=0, description="GPUs for the whole job (0: a CPU job)")
-    gpus_per_node: int = Field(default=8, ge=1, le=INT32_MAX, description="GPUs on each node; one worker pod takes them all")
+    """What the job asks of a cluster. `gpus` is the whole job's; cpu, memory and shm_size are each worker pod's
+    (a GPU job has one worker pod per node, holding min(gpus, gpus_per_node) GPUs)."""
+
+    gpus: int = Field(default=0, ge=0, description="GPUs of the whole job, over all its worker pods (0: a CPU job)")
+    gpus_per_node: int = Field(default=8, ge=1, le=INT32_MAX,
+                               description="GPUs on each node; each worker pod takes min(gpus, gpus_per_node) of "
+                                           "them (gpus: 2 on 8-GPU nodes: one worker pod with 2 GPUs)")
     gpu_product: Optional[str] = Field(default=None, description="nodeSelector on nvidia.com/gpu.product")
     workers: Optional[int] = Field(default=None, ge=1, le=INT32_MAX,
                                    description="worker pods; derived from gpus for GPU jobs, default 1 for CPU jobs")
     ranks_per_worker: int = Field(default=1, ge=1, le=INT32_MAX, description="ranks in each worker pod of a CPU job")
-    cpu: Quantity = Field(default="4", description="CPU per worker (Kubernetes quantity)")
-    memory: Quantity = Field(default="16Gi", description="memory per worker (Kubernetes quantity)")
-    shm_size: Quantity = Field(default="8Gi", description="/dev/shm per worker (NCCL and loaders outgrow 64Mi)")
+    cpu: Quantity = Field(default="4", description="CPU of each worker pod, not the job's total (Kubernetes "
+                                                   "quantity)")
+    memory: Quantity = Field(default="16Gi", description="memory limit of each worker pod, not the job's total "
+                                                         "(Kubernetes quantity); shm_size counts against it")
+    shm_size: Quantity = Field(default_factory=_default_shm_size,
+                               description="/dev/shm of each worker pod (NCCL and loaders outgrow 64Mi): "
+                                           "memory-backed, so at most `memory`; default half of memory, at most "
+                                           "8Gi")
     rdma: RDMASpec = Field(default_factory=RDMASpec)
     hierarchical_allreduce: bool = Field(
         default=False, description="Horovod's hierarchical allreduce (NCCL in each node, MPI over TCP between "
@@ -292,6 +379,16 @@ class ResourcesSpec(_Strict):
             raise ValueError(f"{workers} workers x {slots} ranks is beyond what the MPI operator and Horovod count "
                              f"(at most {INT32_MAX} workers, ranks per worker and ranks)")
         return self
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_within_memory(cls, v: str, info: ValidationInfo) -> str:
+        memory = info.data.get("memory")  # validated before shm_size; absent when itself invalid
+        if memory is not None and parse_quantity(v) > parse_quantity(memory):
+            raise ValueError(f"resources.shm_size ({v}) is more than resources.memory ({memory}), both per worker "
+                             "pod: /dev/shm is memory-backed and counts against the pod's memory limit; lower "
+                             "shm_size or raise memory")
+        return v
 
     @model_validator(mode="after")
     def _hierarchical_where_it_can_help(self) -> "ResourcesSpec":
@@ -323,20 +420,8 @@ class ResourcesSpec(_Strict):
 
 
 class SecretRef(_Strict):
-    secret: str
-    key: str
-
-    @field_validator("secret")
-    @classmethod
-    def _secret_name(cls, v: str) -> str:
-        return _k8s_valid(k8snames.dns1123_subdomain, v)
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, v: str) -> str:
-        if not _CONFIGMAP_KEY.match(v):
-            raise ValueError(f"{v!r} is not a Secret key (letters, digits, '-', '_', '.')")
-        return v
+    secret: ObjectName
+    key: DataKey
 
 
 def _absolute_path(v: str) -> str:
@@ -705,6 +790,18 @@ class ObservabilitySpec(_Strict):
         return [f for f in ("timeline", "autotune", "tensorboard") if getattr(self, f)]
 
 
+IMAGE_REPOSITORY = "ghcr.io/hvdk8s/hvdk8s"
+# How each default image is built (Dockerfile.gpu's DEVICE argument picks CUDA or plain Ubuntu).
+IMAGE_BUILDS = {"gpu": "docker build -f Dockerfile.gpu -t {image} .",
+                "cpu": "docker build -f Dockerfile.gpu --build-arg DEVICE=cpu -t {image} ."}
+
+
+def default_image(resources: ResourcesSpec) -> str:
+    """hvdk8s's image for a job without `image:`: a CPU job gets the CPU build, not gigabytes of CUDA."""
+    device = "gpu" if resources.gpus else "cpu"
+    return f"{IMAGE_REPOSITORY}-{device}:{__version__}"
+
+
 class JobSpec(_Strict):
     name: str = Field(description="job name: lower-case letters, digits and '-', starting with a letter")
     framework: Framework
@@ -712,11 +809,15 @@ class JobSpec(_Strict):
                                                                            "of hvdk8s's trainer")
     model: Optional[ModelSpec] = Field(default=None, description="required unless an entrypoint brings its own")
     dataset: Optional[DatasetSpec] = Field(default=None, description="required unless an entrypoint brings its own")
-    training: TrainingSpec
+    training: TrainingSpec = Field(default_factory=TrainingSpec,
+                                   description="hvdk8s's trainer needs epochs, batch_size and learning_rate; a "
+                                               "script job needs no training block")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
-    image: str = "ghcr.io/hvdk8s/hvdk8s-gpu:0.1.0"
+    image: str = Field(default_factory=lambda fields: default_image(fields["resources"]),
+                       description="the container image of every pod; default: hvdk8s's GPU image for a GPU job, "
+                                   "its CPU image for a CPU job (both built from Dockerfile.gpu)")
 
     @field_validator("name")
     @classmethod
@@ -803,6 +904,8 @@ def _unquoted(value: Any) -> Optional[str]:
 def _problems(err: ValidationError, model: type[BaseModel], prefix: tuple = ()) -> list[tuple[str, str]]:
     out = []
     for e in err.errors(include_url=False):
+        if e["type"] == "default_factory_not_called":
+            continue  # a default derived from other fields (image, shm_size), which have their own errors
         loc = prefix + tuple(e["loc"])
         if e["type"] == "extra_forbidden":
             allowed = _fields_at(model, tuple(e["loc"])[:-1])
@@ -834,6 +937,10 @@ def with_backend_defaults(spec: JobSpec, cluster: bool) -> JobSpec:
 def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
     """Rules that span fields: each model's and dataset's own arguments, and their pairing."""
     problems = []
+    if spec.entrypoint is None:
+        problems += [(f"training.{f}", "required field is missing (hvdk8s's trainer reads it; only a script job, "
+                                       "with `entrypoint`, may leave it out)")
+                     for f in TRAINER_REQUIRED if getattr(spec.training, f) is None]
     if spec.run_dir is None:
         problems += [(f"observability.{f}", "needs a run directory: set observability.dir (or "
                                             "training.checkpoint.dir)") for f in spec.observability.wanted]

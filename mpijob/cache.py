@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from hvdk8s.spec import JobSpec
+from hvdk8s.spec import S3_SECRET_KEYS, S3_SECRET_OPTIONAL_KEYS, JobSpec
 
 from . import layout, security, volumes
 
@@ -60,16 +60,46 @@ def sync_command(spec: JobSpec) -> list[str]:
     return cmd + ["--lease", f"{lease_seconds(spec)}s"]
 
 
+# A proxy the job sets for its ranks (kubernetes.env or secret_env) is one the sync must go through too.
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+# Under the job ConfigMap's folder, which no user volume may overlap; the sync container does not mount the ConfigMap.
+CA_VOLUME, CA_DIR = layout.S3_CA_VOLUME, f"{layout.JOB_DIR}/s3-ca"
+
+
 def _source_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """Endpoint and credentials of an S3 source: the secret is referenced, its values never rendered."""
-    s3 = spec.dataset.s3
+    """What a sync from the source needs: an S3 source's endpoint, region, CA bundle and credentials (the
+    secret is referenced, its values never rendered), and the job's proxy variables."""
+    k8s, s3 = spec.kubernetes, spec.dataset.s3
     env: list[dict[str, Any]] = []
-    if s3.endpoint_url:
-        env.append({"name": "AWS_ENDPOINT_URL", "value": s3.endpoint_url})
-    if s3.credentials_secret:
-        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
-                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    if spec.dataset.path.startswith("s3://"):
+        if s3.endpoint_url:
+            env.append({"name": "AWS_ENDPOINT_URL", "value": s3.endpoint_url})
+        if s3.region:  # botocore reads AWS_DEFAULT_REGION, newer SDKs AWS_REGION
+            env += [{"name": name, "value": s3.region} for name in ("AWS_DEFAULT_REGION", "AWS_REGION")]
+        if s3.ca_bundle:
+            env.append({"name": "AWS_CA_BUNDLE", "value": f"{CA_DIR}/{s3.ca_bundle.key}"})
+        if s3.credentials_secret:
+            env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
+                    for key in S3_SECRET_KEYS]
+            env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key,
+                                                                 "optional": True}}}
+                    for key in S3_SECRET_OPTIONAL_KEYS]
+    for name in PROXY_ENV:
+        if name in k8s.env:
+            env.append({"name": name, "value": k8s.env[name]})
+        elif name in k8s.secret_env:
+            ref = k8s.secret_env[name]
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}})
     return env
+
+
+def _ca_volume(spec: JobSpec) -> list[dict[str, Any]]:
+    """The volume of an S3 source's CA bundle (a Secret or a ConfigMap), if it has one."""
+    ca = spec.dataset.s3.ca_bundle if spec.dataset.path.startswith("s3://") else None
+    if ca is None:
+        return []
+    source = {"secret": {"secretName": ca.secret}} if ca.secret else {"configMap": {"name": ca.config_map}}
+    return [{"name": CA_VOLUME, **source}]
 
 
 def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,6 +115,7 @@ def init_containers(spec: JobSpec, resources: dict[str, Any]) -> list[dict[str, 
     source_env = _source_env(spec)
     source = source_volume(spec)
     sync_mounts = [cache_mount(spec)] + ([volumes.mount(source, read_only=True)] if source is not None else [])
+    sync_mounts += [{"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": True} for _ in _ca_volume(spec)]
     return [
         {"name": "cache-permissions", **image,
          "command": ["chown", f"{k8s.run_as_user}:{k8s.run_as_user}", k8s.cache_dir],
@@ -105,7 +136,7 @@ def pod_volumes(spec: JobSpec, with_source: bool) -> list[dict[str, Any]]:
     if spec.cached_dataset is None:
         return []
     source = source_volume(spec) if with_source else None
-    return [cache_volume(spec)] + ([volumes.pod_volume(source)] if source is not None else [])
+    return [cache_volume(spec)] + ([volumes.pod_volume(source)] if source is not None else []) + _ca_volume(spec)
 
 
 def warm_daemonset(spec: JobSpec, pod_placement: dict[str, Any]) -> dict[str, Any]:

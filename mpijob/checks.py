@@ -34,6 +34,17 @@ class ClusterJobError(JobFileError):
         UserError.__init__(self, f"job {name!r} cannot run on a cluster as written", problems)
 
 
+# The fields only `render` and `launch` read. A job file that sets any of them is meant for a cluster, and
+# `validate` refuses it for what would keep it from running there; one that sets none is a local job, which
+# `validate` passes, noting what a cluster would refuse. (`resources` is not among them: the examples set it
+# for both, and a local launch ignores it.)
+CLUSTER_FIELDS = ("kubernetes", "image")
+
+
+def has_cluster_settings(spec: JobSpec) -> bool:
+    return any(f in spec.model_fields_set for f in CLUSTER_FIELDS)
+
+
 def raise_for(spec: JobSpec) -> None:
     problems = cluster_problems(spec)
     if problems:
@@ -152,7 +163,6 @@ def _pod_security(spec: JobSpec) -> list[tuple[str, str]]:
     enforced: Optional[str] = spec.kubernetes.pod_security
     if enforced is None:
         return []
-    allowed = podsecurity.LEVELS.index(enforced)
     return [(field, f"{why}: needs the {need} Pod Security level, and kubernetes.pod_security says the namespace "
                     f"enforces {enforced}")
-            for need, field, why in podsecurity.requirements(spec) if podsecurity.LEVELS.index(need) < allowed]
+            for need, field, why in podsecurity.rejected_by(spec, enforced)]

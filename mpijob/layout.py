@@ -13,6 +13,7 @@ SSH_AUTH_MOUNT = f"{MPI_USER_HOME}/.ssh"  # the MPIJob's sshAuthMountPath
 SHM_VOLUME, SHM_DIR = "dshm", "/dev/shm"
 JOB_VOLUME, JOB_DIR = "job", "/etc/hvdk8s"
 CACHE_VOLUME = "dataset-cache"  # mounted at kubernetes.cache_dir
+S3_CA_VOLUME = "s3-ca-bundle"  # dataset.s3.ca_bundle, in the dataset-cache sync container
 
 # What the operator adds to the pods it creates from the templates: the SSH key Secret on every pod's
 # first container, the hostfile ConfigMap on the launcher's.
@@ -20,7 +21,7 @@ OPERATOR_SSH_VOLUME = "ssh-auth"
 OPERATOR_CONFIG_VOLUME, OPERATOR_CONFIG_DIR = "mpi-job-config", "/etc/mpi"
 HOSTFILE = f"{OPERATOR_CONFIG_DIR}/hostfile"
 
-RESERVED_VOLUMES = (SHM_VOLUME, JOB_VOLUME, CACHE_VOLUME, OPERATOR_SSH_VOLUME, OPERATOR_CONFIG_VOLUME)
+RESERVED_VOLUMES = (SHM_VOLUME, JOB_VOLUME, CACHE_VOLUME, S3_CA_VOLUME, OPERATOR_SSH_VOLUME, OPERATOR_CONFIG_VOLUME)
 RESERVED_MOUNTS = (SHM_DIR, JOB_DIR, OPERATOR_CONFIG_DIR, SSH_AUTH_MOUNT)
 IMAGE_DIRS = (MPI_USER_HOME, VENV)  # a volume over these (or above them) would hide the image's files
 SYSTEM_DIRS = ("/proc", "/sys", "/dev")

@@ -216,6 +216,26 @@ def job_level(spec) -> str:
     return min((need for need, _, _ in requirements(spec)), key=LEVELS.index, default="restricted")
 
 
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+
+
+def rejected_by(spec, enforced: str) -> list[tuple[str, str, str]]:
+    """(level, job-file field, why) of each setting for which a namespace enforcing ENFORCED rejects the pods."""
+    return [r for r in requirements(spec) if LEVELS.index(r[0]) < LEVELS.index(enforced)]
+
+
+def level_note(spec) -> str | None:
+    """For a job whose pods need more than restricted: which level, why, and which namespaces reject them."""
+    needs = requirements(spec)
+    if not needs:
+        return None
+    level = job_level(spec)
+    stricter = " or ".join(LEVELS[LEVELS.index(level) + 1:])
+    why = "; ".join(f"{field}: {reason}" for _, field, reason in needs)
+    return (f"job {spec.name!r} needs the {level} Pod Security level ({why}); a namespace labelled "
+            f"{ENFORCE_LABEL}={stricter} rejects its pods")
+
+
 # --- command line -----------------------------------------------------------------------------------
 
 def _pods(doc: Any) -> Iterable[tuple[str, dict]]:

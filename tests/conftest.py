@@ -178,6 +178,18 @@ def job_file(tmp_path):
     return make
 
 
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on loopback (one per test module): its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 # --- a real Kubernetes API server for the cluster tests (tests/cluster_helpers) --------------------
 
 @pytest.fixture(scope="session")

@@ -110,6 +110,25 @@ def arg_default(dockerfile, name: str) -> str:
     raise AssertionError(f"no ARG {name} with a default")
 
 
+def stages(dockerfile) -> dict[str, list[tuple[str, str]]]:
+    """Each named build stage (`FROM image AS name`): its instructions after the FROM, up to the next FROM."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for keyword, args in dockerfile:
+        if keyword == "FROM":
+            words = args.split()
+            current = found.setdefault(words[2], []) if len(words) == 3 and words[1].upper() == "AS" else []
+        else:
+            current.append((keyword, args))
+    return found
+
+
+def stage_of(dockerfile, name: str) -> list[tuple[str, str]]:
+    found = stages(dockerfile)
+    assert name in found, f"no build stage {name!r} (stages: {', '.join(found)})"
+    return found[name]
+
+
 def the_run(dockerfile, marker: str) -> tuple[int, list[str]]:
     """Index and commands of the one RUN containing `marker`."""
     found = [(i, commands(args)) for i, (k, args) in enumerate(dockerfile) if k == "RUN" and marker in args]
@@ -196,37 +215,101 @@ def test_pins_are_read_from_constraints_at_build_time(dockerfile, pins):
 
 
 def test_frameworks_are_the_gpu_builds(dockerfile):
-    index, framework_run = the_run(dockerfile, "s/^torch==//p")
+    gpu = stage_of(dockerfile, "frameworks-gpu")
+    index, framework_run = the_run(gpu, "s/^torch==//p")
     torch = next(c for c in framework_run if "s/^torch==//p" in c)
     assert "--index-url" in torch and "https://download.pytorch.org/whl/${TORCH_CUDA}" in torch
     tensorflow = next(c for c in framework_run if "s/^tensorflow-cpu==//p" in c)
     assert '"tensorflow[and-cuda]==$(' in tensorflow
     # torch's CUDA libraries must win over tensorflow[and-cuda]'s: torch is installed after it
     assert framework_run.index(tensorflow) < framework_run.index(torch)
-    horovod_index, _ = the_run(dockerfile, "s/^horovod==//p")
+    horovod_index, _ = the_run(gpu, "s/^horovod==//p")
     assert index < horovod_index, "Horovod builds without isolation: the frameworks must be installed first"
 
 
-def test_horovod_build_uses_the_fixes_of_setup_sh(dockerfile):
+def setup_sh_horovod_settings() -> dict[str, str]:
+    """The HOROVOD_* and CMake settings of scripts/setup.sh's (CPU) Horovod build."""
     setup_sh = (ROOT / "scripts" / "setup.sh").read_text()
     local = dict(re.findall(r"\b(HOROVOD_\w+)=(\w+)", setup_sh))
     assert local, "no HOROVOD_* settings found in scripts/setup.sh"
     local["CMAKE_POLICY_VERSION_MINIMUM"] = re.search(r"CMAKE_POLICY_VERSION_MINIMUM=([\d.]+)", setup_sh).group(1)
     assert "--no-build-isolation" in setup_sh and 'CXX="$ROOT/scripts/cxx17"' in setup_sh
+    return local
 
-    _, run = the_run(dockerfile, "s/^horovod==//p")
+
+def horovod_build(dockerfile, stage: str) -> tuple[dict[str, str], list[str], list[str]]:
+    """(environment, words) of the stage's Horovod pip install, and the RUN's commands."""
+    _, run = the_run(stage_of(dockerfile, stage), "s/^horovod==//p")
     build = next(c for c in run if "s/^horovod==//p" in c)
     env, words = assignments(build)
     assert words[:2] == ["pip", "install"] and "--no-build-isolation" in words, build
+    return env, words, run
+
+
+def checked_parts(run: list[str]) -> set[str]:
+    """What the RUN's python -c check requires of both frameworks' Horovod extensions (mpi, gloo, nccl, cuda)."""
+    check = next(c for c in run if c.startswith("python -c ") and "_built" in c)
+    return set(re.findall(r'"(\w+)"', re.search(r"for part in \(([^)]*)\)", check).group(1)))
+
+
+@pytest.mark.parametrize("stage", ["frameworks-gpu", "frameworks-cpu"])
+def test_horovod_build_uses_the_fixes_of_setup_sh(dockerfile, stage):
+    local = setup_sh_horovod_settings()
+    env, _, run = horovod_build(dockerfile, stage)
     missing = {k: v for k, v in local.items() if env.get(k) != v}
     assert not missing, f"Horovod build settings of scripts/setup.sh missing or different: {missing}"
-    expected = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
-                "HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_TENSORFLOW": "1", "CMAKE_POLICY_VERSION_MINIMUM": "3.5"}
+    expected = {"HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_PYTORCH": "1",
+                "HOROVOD_WITH_TENSORFLOW": "1", "CMAKE_POLICY_VERSION_MINIMUM": "3.5"}
     assert {k: env.get(k) for k in expected} == expected
     # the shim is the repository's own file, copied, not a second copy written inline
     assert env["CXX"] == copied_to(dockerfile, "scripts/cxx17")
     assert not [args for keyword, args in dockerfile if "-std=" in args], "a C++ standard is set inline"
     assert run[-1] == "horovodrun --check-build"
+
+
+def test_gpu_horovod_has_nccl_and_cuda(dockerfile):
+    env, _, run = horovod_build(dockerfile, "frameworks-gpu")
+    assert env.get("HOROVOD_GPU_OPERATIONS") == "NCCL" and env.get("HOROVOD_CUDA_HOME") == "/usr/local/cuda"
+    assert checked_parts(run) == {"mpi", "gloo", "nccl", "cuda"}
+
+
+# --- the CPU variant (--build-arg DEVICE=cpu): the default image of CPU jobs -------------------------
+
+def test_device_argument_picks_the_stages_of_one_device(dockerfile):
+    from hvdk8s.spec import IMAGE_BUILDS
+
+    assert arg_default(dockerfile, "DEVICE") == "gpu"
+    froms = [args for keyword, args in dockerfile if keyword == "FROM"]
+    assert "base-${DEVICE} AS base" in froms and froms[-1] == "frameworks-${DEVICE}", froms
+    names = stages(dockerfile)
+    for device in IMAGE_BUILDS:  # every device a job's default image names has its stages
+        assert {f"base-{device}", f"frameworks-{device}"} <= set(names), (device, list(names))
+        assert stage_of(dockerfile, f"frameworks-{device}") and froms.count(f"base AS frameworks-{device}") == 1
+    # the build commands the job file's `image` description and `validate --print` give are the file's own
+    text = DOCKERFILE.read_text()
+    for device, build in IMAGE_BUILDS.items():
+        assert build.format(image=f"ghcr.io/hvdk8s/hvdk8s-{device}:0.1.0") in text, build
+
+
+def test_cpu_variant_has_no_cuda(dockerfile):
+    cuda_base, cpu_base = arg_default(dockerfile, "CUDA_IMAGE"), arg_default(dockerfile, "CPU_IMAGE")
+    # the same Ubuntu release, so the same Python and OpenMPI as the GPU image
+    release = re.search(r"ubuntu(\d+\.\d+)$", cuda_base).group(1)
+    assert cpu_base == f"ubuntu:{release}", (cuda_base, cpu_base)
+    cpu = stage_of(dockerfile, "frameworks-cpu")
+    _, framework_run = the_run(cpu, "s/^torch==//p")
+    torch = next(c for c in framework_run if "s/^torch==//p" in c)
+    tensorflow = next(c for c in framework_run if "s/^tensorflow-cpu==//p" in c)
+    assert "https://download.pytorch.org/whl/cpu" in torch and '"tensorflow-cpu==$(' in tensorflow
+    env, _, run = horovod_build(dockerfile, "frameworks-cpu")
+    assert env == {**setup_sh_horovod_settings(), "CXX": env["CXX"], "MAKEFLAGS": env["MAKEFLAGS"]}, \
+        "the CPU build is scripts/setup.sh's, nothing more (no NCCL, no CUDA)"
+    assert checked_parts(run) == {"mpi", "gloo"}
+    text = " ".join(args for _, args in cpu + stage_of(dockerfile, "base-cpu"))
+    assert "cuda" not in text.lower() and "nccl" not in text.lower()
+    # the NCCL check belongs to the CUDA base only
+    assert any("libnccl2" in args for _, args in stage_of(dockerfile, "base-gpu"))
+    assert not any("libnccl2" in args for _, args in stage_of(dockerfile, "base"))
 
 
 # --- sshd, user, and what the MPIJob renderer expects ---------------------------------------------
@@ -285,7 +368,7 @@ def test_hvdk8s_is_installed_from_its_own_files_with_the_train_and_observe_extra
     copied = {source for sources, _ in copies(dockerfile) for source in sources}
     assert "." not in copied, "COPY . would put the whole work tree (a local .venv too) in the image"
     assert needed <= copied, f"not copied into the image: {needed - copied}"
-    _, run = the_run(dockerfile, "/src/hvdk8s[")
+    _, run = the_run(dockerfile, "/src/hvdk8s[")  # once, on the frameworks of either device
     install = next(c for c in run if "/src/hvdk8s[" in c)
     extras = re.search(r"/src/hvdk8s\[([^\]]*)\]", install).group(1)
     # The ranks serve metrics and write TensorBoard scalars; torch/tensorflow are installed as GPU builds.
@@ -295,7 +378,7 @@ def test_hvdk8s_is_installed_from_its_own_files_with_the_train_and_observe_extra
 
 def test_base_image_metadata_and_shell(dockerfile):
     base = arg_default(dockerfile, "CUDA_IMAGE")
-    assert dockerfile[[k for k, _ in dockerfile].index("FROM")] == ("FROM", "${CUDA_IMAGE}")
+    assert dockerfile[[k for k, _ in dockerfile].index("FROM")] == ("FROM", "${CUDA_IMAGE} AS base-gpu")
     repo, _, tag = base.partition(":")
     assert repo == "nvidia/cuda" and tag and tag != "latest" and "cudnn-devel" in tag, base
     major, minor = re.match(r"(\d+)\.(\d+)\.\d+-", tag).groups()

@@ -411,7 +411,9 @@ def test_cached_dataset_is_synced_by_init_containers_before_the_ranks():
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sync["env"]}
     assert env == {"AWS_ENDPOINT_URL": "https://minio.storage.svc:9000",
                    "AWS_ACCESS_KEY_ID": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_ACCESS_KEY_ID"}},
-                   "AWS_SECRET_ACCESS_KEY": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_SECRET_ACCESS_KEY"}}}
+                   "AWS_SECRET_ACCESS_KEY": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_SECRET_ACCESS_KEY"}},
+                   "AWS_SESSION_TOKEN": {"secretKeyRef": {"name": "minio-creds", "key": "AWS_SESSION_TOKEN",
+                                                          "optional": True}}}
     assert all(m["mountPath"] == "/var/cache/hvdk8s" for c in (permissions, sync) for m in c["volumeMounts"])
     launcher = containers(job, "Launcher")[0]
     assert env_of(launcher)["HVDK8S_CACHE_DIR"] == "/var/cache/hvdk8s"  # forwarded to the ranks (-x)

@@ -6,7 +6,7 @@ client_kwargs={"endpoint_url": ...}, ...) or else the environment: AWS_ACCESS_KE
 AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (read by botocore) and AWS_ENDPOINT_URL_S3 or
 AWS_ENDPOINT_URL (read here, so they work with any botocore). An HTTP(S) source is the URL of a
 directory holding `hvdk8s-manifest.json` (or of that file), or else a single file; every request to it
-is bounded (see `timeouts`).
+is bounded (see `timeouts`). Both follow HTTP_PROXY, HTTPS_PROXY and NO_PROXY.
 """
 from __future__ import annotations
 
@@ -213,6 +213,7 @@ def _http_source(source: str, options: dict, io_timeout: float) -> Source:
     scheme = source.split("://", 1)[0].lower()
     client_kwargs = dict(options.get("client_kwargs") or {})
     client_kwargs.setdefault("timeout", _client_timeout(io_timeout))  # aiohttp's default waits 5 minutes
+    client_kwargs.setdefault("trust_env", True)  # HTTP(S)_PROXY and NO_PROXY, as botocore follows them for S3
     fs = fsspec.filesystem(scheme, **{**options, "client_kwargs": client_kwargs})
     names_manifest = source.endswith("/" + PUBLISHED_MANIFEST)
     manifest_url = source if names_manifest else source.rstrip("/") + "/" + PUBLISHED_MANIFEST

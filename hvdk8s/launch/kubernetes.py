@@ -3,10 +3,11 @@ and ConfigMap that `hvdk8s.mpijob.render` makes of it, through the official Kube
 
 `manifests` is the pure dry run (no cluster). `submit` checks first, then creates:
 1. the cluster serves MPIJob v2beta1 (not the training-operator's v1, not nothing);
-2. the MPIJob fits the CRD the cluster serves (hvdk8s's own rules where the CRD may not be read);
-3. neither object exists yet: a second launch of a job is refused, never merged into the running one;
-4. with observability.metrics.pod_monitor, the cluster serves PodMonitors (the Prometheus Operator's);
-5. the MPIJob is created, then the ConfigMap (and the PodMonitor) with an ownerReference to it, so that
+2. the namespace's Pod Security level (its pod-security.kubernetes.io/enforce label) admits the job's pods;
+3. the MPIJob fits the CRD the cluster serves (hvdk8s's own rules where the CRD may not be read);
+4. neither object exists yet: a second launch of a job is refused, never merged into the running one;
+5. with observability.metrics.pod_monitor, the cluster serves PodMonitors (the Prometheus Operator's);
+6. the MPIJob is created, then the ConfigMap (and the PodMonitor) with an ownerReference to it, so that
    deleting the job deletes them (the garbage collector does; `delete` also does it itself). If one
    cannot be created, what was made is deleted again: nothing is left half-applied.
 
@@ -131,6 +132,35 @@ class KubernetesLauncher:
         if not any(r.name == POD_MONITOR_PLURAL for r in (resources.resources or [] if resources else [])):
             raise ClusterError(f"the cluster at {self.conn.server} {NO_POD_MONITORS}")
 
+    def require_pod_security(self, spec, namespace: str, source: str, on_note: Callable[[str], None]) -> None:
+        """Refuse a job whose pods the namespace's Pod Security admission would reject (the operator would
+        create the MPIJob, then fail to create its pods, with nothing but an Event to say why)."""
+        from kubernetes.client.exceptions import ApiException
+
+        from hvdk8s.mpijob import podsecurity
+
+        if not podsecurity.requirements(spec):
+            return  # restricted pods: every level admits them
+        try:
+            ns = self.core.read_namespace(namespace, _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status == 403:  # users may run jobs without the right to read namespaces
+                on_note(f"may not read namespace {namespace}: its {podsecurity.ENFORCE_LABEL} label (the Pod "
+                        "Security level it enforces) was not checked against this job's")
+            if e.status in (403, 404):  # a missing namespace is reported where the job is created
+                return
+            raise
+        enforced = (ns.metadata.labels or {}).get(podsecurity.ENFORCE_LABEL)
+        if enforced not in podsecurity.LEVELS:
+            return  # unlabelled (privileged, unless the cluster's default says otherwise) or not a level
+        rejected = podsecurity.rejected_by(spec, enforced)
+        if rejected:
+            need = podsecurity.job_level(spec)
+            raise UserError(f"{source}: namespace {namespace} enforces the {enforced} Pod Security level "
+                            f"({podsecurity.ENFORCE_LABEL}={enforced}) and would reject this job's pods, which "
+                            f"need {need}; nothing was created (use a namespace that allows {need})",
+                            [(field, f"{why} (needs {level})") for level, field, why in rejected])
+
     def served_schema(self) -> Optional[dict]:
         """The v2beta1 schema of the MPIJob CRD the cluster serves; None where we may not read CRDs."""
         import json
@@ -169,6 +199,7 @@ class KubernetesLauncher:
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         with self._errors(namespace):
             self.require_api()
+            self.require_pod_security(spec, namespace, source, on_note)
             if monitors:
                 self.require_pod_monitors()
             note = self.check(job, source)
