@@ -144,7 +144,7 @@ def _nothing_to_average() -> None:
 # Most waits are the last gradients' allreduce, a millisecond or two, and a pause is also how late the
 # step may resume: polled every 100 us at most (against a 500 us cap, interleaved A/B: 0.91x the step
 # time of a 2-rank MLP beside a second job, 0.96x idle, 0.92-0.96x a many-small-tensor model idle,
-# ResNet-20 level; README's benchmarks). A wait past 2 ms is a late peer: pauses grow to 500 us, so it
+# ResNet-20 level; docs/performance.md). A wait past 2 ms is a late peer: pauses grow to 500 us, so it
 # costs ~3% of a core (a 1.5 s wait: `test_a_rank_waiting_for_its_peer_sleeps_instead_of_spinning`).
 _POLL_FIRST_S, _POLL_SHORT_MAX_S, _POLL_LONG_MAX_S, _SHORT_WAIT_S = 50e-6, 100e-6, 500e-6, 2e-3
 

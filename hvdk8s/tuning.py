@@ -1,6 +1,6 @@
 """Settings hvdk8s gives OpenMPI, Horovod and glibc's malloc unless the user's environment names them,
-chosen from measurements (`hvdk8s bench --only knobs,peers`, bench/results/README.md, README's
-benchmarks). Local launches and rendered MPIJobs both take DEFAULTS from here (`defaults`), and the
+chosen from measurements (`hvdk8s bench --only knobs,peers`, bench/results/README.md, docs/performance.md).
+Local launches and rendered MPIJobs both take DEFAULTS from here (`defaults`), and the
 sleepy negotiation's preload (`preloads`).
 
 OMPI_MCA_mpi_yield_when_idle=1: a rank waiting in MPI (Horovod's background thread, between and during
@@ -22,7 +22,7 @@ to the largest block freed so far, and trimming the heap's top past twice that),
 frees and reallocates activations of a few MB faults their pages in again every step: a 2-rank ResNet-20
 rank took ~10k page faults a step (DDP's 3-9k), the kernel zeroing pages on cores the training needs.
 Fixed thresholds keep blocks up to 32 MB on the heap and its top up to 256 MB: 20-140 faults a step, and
-that 2-rank step 0.90x DDP's time against 1.04x without (README's benchmarks: DDP gains as much from them).
+that 2-rank step 0.90x DDP's time against 1.04x without (docs/performance.md: DDP gains as much from them).
 A rank's resident memory then stays near its peak instead of falling between steps. Where the rank's
 environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
 

@@ -15,7 +15,7 @@ def pod(kubernetes) -> dict[str, Any]:
     # fsGroup: a fresh PersistentVolume's root is root:root 0755, where a checkpoint written as uid 1000 fails
     # with PermissionError. The kubelet hands volumes that support ownership management to this group
     # (group-writable); OnRootMismatch skips the recursive walk when the root already matches, so a large
-    # volume does not delay every start. NFS and hostPath are left as they are: see the README.
+    # volume does not delay every start. NFS and hostPath are left as they are: see docs/cluster-operators.md.
     return {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "fsGroup": uid,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 

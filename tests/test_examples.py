@@ -1,4 +1,4 @@
-"""The README's own-script examples run on 2 real ranks, learn, checkpoint and resume."""
+"""The own-script examples of docs/training.md run on 2 real ranks, learn, checkpoint and resume."""
 import re
 
 import pytest
