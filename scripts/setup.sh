@@ -4,12 +4,12 @@
 # outside the repository, so a second set-up (even in a fresh clone) takes seconds.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), HVDK8S_VENV (default ./.venv),
-# HVDK8S_CACHE_DIR (default ~/.cache/hvdk8s), HVDK8S_REBUILD_HOROVOD=1 to ignore the cached wheel.
+# HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s), HVDK8S_REBUILD_HOROVOD=1 to ignore the cached wheel.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVDK8S_VENV:-$ROOT/.venv}
-CACHE=${HVDK8S_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
+CACHE=${HVDK8S_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
 PY=${PYTHON:-python3}
 CONSTRAINTS=$ROOT/constraints.txt
 

