@@ -95,7 +95,7 @@ def test_a_job_with_fewer_gpus_than_a_node_gets_one_worker_sized_for_it(job_file
 
 def test_a_job_needing_privileged_says_so_on_stderr_at_render_and_launch(job_file, tmp_path):
     path = job_file({"dataset": S3_DATASET, "kubernetes": {"namespace": "ml"}})
-    for run in (invoke("render", path), invoke("render", path, "-o", tmp_path / "out"),
+    for run in (invoke("render", path), invoke("render", path, "-d", tmp_path / "out"),
                 invoke("launch", path, "--dry-run")):
         assert run.exit_code == 0, run.stderr
         assert run.stderr.startswith("note: job 'digits-mlp' needs the privileged Pod Security level"), run.stderr
