@@ -755,7 +755,7 @@ class MetricsSpec(_Strict):
     pod_monitor: bool = Field(default=False, description="`hvdk8s render` also writes a PodMonitor for the "
                                                          "Prometheus Operator")
     scrape_interval_seconds: int = Field(default=15, ge=1, le=3600, description="the PodMonitor's interval")
-    final_scrape_timeout_seconds: float = Field(
+    final_scrape_timeout_seconds: int = Field(
         default=0, ge=0, le=3600, description="after training, each rank keeps serving until Prometheus has "
                                               "scraped its final values, waiting at most this long (a job "
                                               "shorter than a scrape interval otherwise leaves no series); 0: "

@@ -38,13 +38,14 @@ def test_idle_ranks_wait_for_each_other_asleep(asleep_and_polling):
     difference, not just a low number. (In an idle job the ranks' offset drifts until one rank waits out
     every cycle, 2.99 CPU-s in 3 s measured; the stopped peer makes that wait certain.)"""
     asleep, polling = (results[0] for results in asleep_and_polling)  # rank 0 waited for a stopped rank 1
-    # CPU time, not wall time: other work on the cores does not add to it, so the bound holds on a busy
-    # machine as on an idle one.
+    # What the waiting thread did, not how much of a core it got (which other work on the machine decides:
+    # beside three busy processes the poller got 0.004 CPU-s of the 2 s, idle 2.0): the library's thread
+    # blocked in nanosleep between its tests (8244 voluntary switches idle, 1188 beside the busy
+    # processes), Open MPI's own wait never blocked (0 either way).
+    assert asleep["sleeps"] >= 100 and polling["sleeps"] < 10, (asleep, polling)
+    # And the sleeper's CPU time stays low (CPU time, not wall time: other work does not add to it; 0.02-0.23
+    # CPU-s measured, idle and busy).
     assert asleep["cpu_s"] < 0.25 * SLEEP_S, asleep
-    # Polling yields, so beside other work it gets less than the core (0.70-0.86 CPU-s in 2 s beside two
-    # busy processes, 2.0 idle; asleep 0.02-0.09 either way, measured): the control is judged against the
-    # sleeper's own figure from the same machine, not against a share of the core it may not get.
-    assert polling["cpu_s"] > 4 * asleep["cpu_s"], (asleep, polling)
 
 
 def test_bitwise_and_other_reductions_give_open_mpis_results(asleep_and_polling):

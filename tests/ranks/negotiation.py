@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,15 +21,29 @@ out_dir, seconds = Path(sys.argv[1]), float(sys.argv[2])
 hvd.init()
 rank = hvd.rank()
 pids = hvd.allgather_object(os.getpid(), name="pids")  # one machine: rank 0 can signal rank 1
-cpu_s = None
+cpu_s = slept = None
+
+
+def sleeps() -> int:
+    """Voluntary context switches of every thread but this one: each time a thread blocked (a nanosleep, a
+    wait). A thread that polls with sched_yield is switched out involuntarily, if at all."""
+    me = str(threading.get_native_id())
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != me:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+    return total
+
+
 if rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)  # until rank 0 sends SIGCONT
 else:
     while open(f"/proc/{pids[1]}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
         time.sleep(0.01)
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    before, slept = resource.getrusage(resource.RUSAGE_SELF), sleeps()
     time.sleep(seconds)  # the background thread waits for the stopped peer meanwhile
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    after, slept = resource.getrusage(resource.RUSAGE_SELF), sleeps() - slept
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     os.kill(pids[1], signal.SIGCONT)
 
@@ -52,7 +67,7 @@ def allreduce(values: list[int], op: str) -> list[int]:
 
 
 mine = [0b1010 | (1 << (4 + rank)), -1, 1 << (20 + rank), 0]
-result = {"cpu_s": cpu_s, "wall_s": seconds, "and": allreduce(mine, "ompi_mpi_op_band"),
+result = {"cpu_s": cpu_s, "sleeps": slept, "wall_s": seconds, "and": allreduce(mine, "ompi_mpi_op_band"),
           "or": allreduce(mine, "ompi_mpi_op_bor"), "sum": allreduce([rank + 1, 10], "ompi_mpi_op_sum")}
 hvd.allreduce(torch.zeros(1), name="done")
 (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
