@@ -4,18 +4,19 @@
 # launcher Job, the MPIJob's conditions, and the events. With --kwok-nodes N the pods are scheduled on
 # kwok's fake nodes and "run", so the operator's WaitForWorkersReady policy lets the launcher be created.
 #
-#   scripts/k8s/smoke-135.sh HVDK8S RENDER_DIR [--kwok-nodes N] [--keep]
+#   scripts/k8s/smoke-135.sh HVDK8S RENDER_DIR [--kwok-nodes N] [--job FILE] [--keep]
 #     HVDK8S: the hvdk8s command (e.g. .venv/bin/hvdk8s); RENDER_DIR: a folder for `hvdk8s render`.
 #     The namespace `hvdk8s-smoke` enforces PodSecurity `restricted` (the level hvdk8s renders for).
+#     --job: the job file (default examples/digits.yaml).
 #     --keep leaves the cluster running (state in $RENDER_DIR/cluster; stop with stop-135.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-[ $# -ge 2 ] || { echo "usage: smoke-135.sh HVDK8S RENDER_DIR [--kwok-nodes N] [--keep]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: smoke-135.sh HVDK8S RENDER_DIR [--kwok-nodes N] [--job FILE] [--keep]" >&2; exit 2; }
 HVDK8S=$1 OUTDIR=$(mkdir -p "$2" && cd "$2" && pwd); shift 2
-NODES=0 KEEP=0
+NODES=0 KEEP=0 JOB=$ROOT/examples/digits.yaml
 while [ $# -gt 0 ]; do
-  case $1 in --kwok-nodes) NODES=$2; shift 2 ;; --keep) KEEP=1; shift ;; *) echo "unknown $1" >&2; exit 2 ;; esac
+  case $1 in --kwok-nodes) NODES=$2; shift 2 ;; --keep) KEEP=1; shift ;; --job) JOB=$2; shift 2 ;; *) echo "unknown $1" >&2; exit 2 ;; esac
 done
 STATE=$OUTDIR/cluster NS=hvdk8s-smoke
 export KUBECONFIG
@@ -29,7 +30,7 @@ kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
 # The default ServiceAccount (the ServiceAccount admission plugin rejects pods until it exists).
 for _ in $(seq 1 40); do kubectl -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.25; done
 
-"$HVDK8S" render "$ROOT/examples/digits.yaml" -o "$OUTDIR/render" >/dev/null
+"$HVDK8S" render "$JOB" -o "$OUTDIR/render" >/dev/null
 sed -i "s/^  namespace: default$/  namespace: $NS/; s/^namespace: default$/namespace: $NS/" "$OUTDIR/render"/*.yaml
 echo "== kubectl apply --server-side (the 1.35 server's answer, warnings included)"
 kubectl apply --server-side -k "$OUTDIR/render" 2>&1

@@ -6,6 +6,8 @@ set -euo pipefail
 
 [ $# -ge 1 ] || { echo "usage: stop-135.sh STATE_DIR" >&2; exit 2; }
 STATE=$1
+# Gone: exited, or a zombie waiting for its reaper (here PID 1 reaps about once a second).
+running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 # name:what its command line must contain
 for entry in kwok:/kwok mpi-operator:/mpi-operator operator-relay:socat api-relay:socat \
     scheduler:/kube-scheduler controller-manager:/kube-controller-manager apiserver:/kube-apiserver etcd:/etcd; do
@@ -13,10 +15,10 @@ for entry in kwok:/kwok mpi-operator:/mpi-operator operator-relay:socat api-rela
   pidfile=$STATE/$name.pid
   [ -f "$pidfile" ] || continue
   pid=$(cat "$pidfile")
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$binary"; then
+  if running "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$binary"; then
     kill -TERM "$pid"
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+    running "$pid" && kill -KILL "$pid"
     printf '\033[1m[k8s-stop]\033[0m stopped %s (pid %s)\n' "$name" "$pid" >&2
   fi
   rm -f "$pidfile"
