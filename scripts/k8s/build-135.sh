@@ -2,8 +2,9 @@
 # Build the current test cluster's binaries once per machine, from the Go module proxy by module path
 # and version (issue 28): kube-apiserver, kube-controller-manager and kube-scheduler (k8s.io/kubernetes),
 # etcd (go.etcd.io/etcd/server/v3), the real MPI operator (github.com/kubeflow/mpi-operator,
-# cmd/mpi-operator, the v2beta1 controller) and kwok (sigs.k8s.io/kwok, fake nodes). Its MPIJob CRD is
-# copied from the downloaded operator module into crd/. Nothing fetched is kept in the repository: the
+# cmd/mpi-operator, the v2beta1 controller), kwok (sigs.k8s.io/kwok, fake nodes) and Kueue
+# (sigs.k8s.io/kueue, cmd/kueue). The MPIJob CRD, kwok's stages and Kueue's CRDs and webhook manifests are
+# copied from the downloaded modules into crd/, kwok/ and kueue/. Nothing fetched is kept in the repository: the
 # go.mod files this script needs are written into the cache folder.
 #
 # The old 1.20.2 stack (scripts/k8s/build.sh, start.sh) is untouched; this one sits beside it until the
@@ -28,10 +29,11 @@ K8S_VERSION=1.35.8          # newest 1.35 the proxy serves here (1.35.9-1.35.11:
 ETCD_VERSION=3.6.16         # newest 3.6 served (3.6.17+: 403)
 MPI_OPERATOR_VERSION=0.8.2  # v0.8.1, v0.8.3+: 403
 KWOK_VERSION=0.8.0
+KUEUE_VERSION=0.17.1        # v0.17.2, v0.17.3: 403
 GO_MIN=1.26                 # mpi-operator v0.8.2 and etcd 3.6.16 say `go 1.26.0`
 
 CACHE=${HVDK8S_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
-OUT=${HVDK8S_K8S135_DIR:-$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-mpi-operator-$MPI_OPERATOR_VERSION-kwok-$KWOK_VERSION}
+OUT=${HVDK8S_K8S135_DIR:-$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-mpi-operator-$MPI_OPERATOR_VERSION-kwok-$KWOK_VERSION-kueue-$KUEUE_VERSION}
 BIN=$OUT/bin
 SRC=$OUT/src
 NICE=${HVDK8S_NICE:-19}
@@ -44,7 +46,13 @@ K8S_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler)
 # `--version | grep -q` under pipefail, grep's early exit can SIGPIPE a binary that prints more lines.)
 has() {
   local v
-  [ -x "$BIN/$1" ] && v=$("$BIN/$1" --version 2>/dev/null) || return 1
+  [ -x "$BIN/$1" ] || return 1
+  if [ "$1" = kueue ]; then  # no --version flag: the module version recorded in the binary
+    v=$(go version -m "$BIN/kueue" 2>/dev/null) || return 1
+    grep -qE "^[[:space:]]+mod[[:space:]]+sigs\.k8s\.io/kueue[[:space:]]+v$KUEUE_VERSION([[:space:]]|$)" <<<"$v"
+    return
+  fi
+  v=$("$BIN/$1" --version 2>/dev/null) || return 1
   case $1 in
     kube-*) grep -qx "Kubernetes v$K8S_VERSION" <<<"$v" ;;
     etcd) grep -qx "etcd Version: $ETCD_VERSION" <<<"$v" ;;
@@ -53,15 +61,16 @@ has() {
   esac
 }
 built() {
-  for c in "${K8S_COMPONENTS[@]}" etcd mpi-operator kwok; do has "$c" || return 1; done
-  [ -s "$OUT/crd/kubeflow.org_mpijobs.yaml" ] && [ -s "$OUT/kwok/stages.yaml" ]
+  for c in "${K8S_COMPONENTS[@]}" etcd mpi-operator kwok kueue; do has "$c" || return 1; done
+  [ -s "$OUT/crd/kubeflow.org_mpijobs.yaml" ] && [ -s "$OUT/kwok/stages.yaml" ] &&
+    [ -s "$OUT/kueue/config/components/webhook/manifests.yaml" ]
 }
 
 mkdir -p "$CACHE"
 exec 9>"$CACHE/k8s-135-build.lock"
 flock 9
 if built; then
-  say "up to date: $BIN (Kubernetes v$K8S_VERSION, etcd $ETCD_VERSION, mpi-operator v$MPI_OPERATOR_VERSION, kwok v$KWOK_VERSION)"
+  say "up to date: $BIN (Kubernetes v$K8S_VERSION, etcd $ETCD_VERSION, mpi-operator v$MPI_OPERATOR_VERSION, kwok v$KWOK_VERSION, Kueue v$KUEUE_VERSION)"
   echo "$BIN"
   exit 0
 fi
@@ -175,6 +184,20 @@ if [ ! -s "$OUT/kwok/stages.yaml" ]; then
   done >"$OUT/kwok/stages.yaml.tmp"
   grep -q 'name: pod-ready' "$OUT/kwok/stages.yaml.tmp" || die "no pod stages in sigs.k8s.io/kwok@v$KWOK_VERSION"
   mv "$OUT/kwok/stages.yaml.tmp" "$OUT/kwok/stages.yaml"
+fi
+
+if ! has kueue; then
+  build_module kueue sigs.k8s.io/kueue "v$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue \
+    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-v$KUEUE_VERSION"
+  has kueue || die "the built kueue does not report v$KUEUE_VERSION"
+fi
+# Kueue's CRDs (with the kustomization that says which get a conversion webhook) and webhook manifests,
+# rewritten per cluster by kueue-manifests-135.py.
+if [ ! -s "$OUT/kueue/config/components/webhook/manifests.yaml" ]; then
+  qdir=$(download "sigs.k8s.io/kueue@v$KUEUE_VERSION")
+  rm -rf "$OUT/kueue/config" && mkdir -p "$OUT/kueue/config/components"
+  cp -r "$qdir/config/components/crd" "$qdir/config/components/webhook" "$OUT/kueue/config/components/"
+  chmod -R u+w "$OUT/kueue"
 fi
 
 cat >"$OUT/VERSIONS" <<EOF

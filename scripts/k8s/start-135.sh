@@ -5,10 +5,13 @@
 #   on); kube-controller-manager with the job, garbage-collector, endpointslice, namespace, serviceaccount
 #   and root-ca-certificate-publisher controllers (and node-lifecycle with nodes); kube-scheduler; the MPIJob CRD from the operator's
 #   module; the real MPI operator (v2beta1 controller) out of cluster with --kubeConfig;
+#   with --kueue: Kueue as a process (its webhooks and CRD conversion reached by URL on 127.0.0.1, served
+#   with a certificate the test CA signs; integrations batch/job and kubeflow.org/mpijob; the visibility
+#   API server, which needs the aggregation layer, off), before the operator;
 #   with --kwok-nodes N: kwok and N fake nodes (kwok-node-0..N-1, untainted: the only nodes there are) whose
 #   pods it marks Running and Ready (and Job-owned pods Succeeded a second later: kwok's general stages).
 #
-#   scripts/k8s/start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--no-operator]
+#   scripts/k8s/start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--kueue] [--no-operator]
 #   scripts/k8s/stop-135.sh STATE_DIR
 #
 # The operator always serves its health check on :8080 of every interface (a constant in its
@@ -26,14 +29,15 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 say() { printf '\033[1m[k8s-start]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[k8s-start] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-[ $# -ge 1 ] || die "usage: start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--no-operator]"
+[ $# -ge 1 ] || die "usage: start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--kueue] [--no-operator]"
 STATE=$(mkdir -p "$1" && cd "$1" && pwd); shift
-KWOK_NODES=0 NODE_GPUS=8 OPERATOR=1
+KWOK_NODES=0 NODE_GPUS=8 OPERATOR=1 KUEUE=0
 while [ $# -gt 0 ]; do
   case $1 in
     --kwok-nodes) KWOK_NODES=$2; shift 2 ;;
     --node-gpus) NODE_GPUS=$2; shift 2 ;;
     --no-operator) OPERATOR=0; shift ;;
+    --kueue) KUEUE=1; shift ;;
     *) die "unknown argument $1" ;;
   esac
 done
@@ -46,14 +50,15 @@ T0=$(date +%s.%N)
 lap() { awk -v n="$1" -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN { printf "%s %.2fs\n", n, a - b }' >>"$STATE/start-times.txt"; }
 alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-NAMES=(etcd apiserver controller-manager scheduler api-relay mpi-operator kwok)
+NAMES=(etcd apiserver controller-manager scheduler api-relay mpi-operator kwok kueue)
 for n in "${NAMES[@]}"; do alive "$n" && die "$STATE already has a running cluster: stop it first (stop-135.sh $STATE)"; done
 trap 'code=$?; [ $code -eq 0 ] || bash "$HERE/stop-135.sh" "$STATE"' EXIT
 rm -rf "$STATE/etcd-data" "$STATE/certs" "$STATE/start-times.txt"
 ETCD_PORT=$(free_port) ETCD_PEER_PORT=$(free_port) API_PORT=$(free_port) KCM_PORT=$(free_port)
-SCHED_PORT=$(free_port) KWOK_PORT=$(free_port)
+SCHED_PORT=$(free_port) KWOK_PORT=$(free_port) KUEUE_WEBHOOK_PORT=$(free_port) KUEUE_HEALTH_PORT=$(free_port)
 printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPI_PORT=%s\nKCM_PORT=%s\nSCHED_PORT=%s\nKWOK_PORT=%s\n' "$ETCD_PORT" \
   "$ETCD_PEER_PORT" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" "$KWOK_PORT" >"$STATE/ports"
+printf 'KUEUE_WEBHOOK_PORT=%s\nKUEUE_HEALTH_PORT=%s\n' "$KUEUE_WEBHOOK_PORT" "$KUEUE_HEALTH_PORT" >>"$STATE/ports"
 
 # --- certificates: one CA for the API server, its clients and the kubelet endpoint -------------------
 C=$STATE/certs && mkdir -p "$C"
@@ -70,6 +75,11 @@ extendedKeyUsage=serverAuth"
 sign kubelet "/CN=127.0.0.1" "subjectAltName=IP:127.0.0.1,DNS:localhost
 extendedKeyUsage=serverAuth"
 sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth"
+if [ "$KUEUE" = 1 ]; then  # Kueue's webhook server: tls.crt/tls.key in its certDir
+  sign kueue-webhook "/CN=kueue-webhook" "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth"
+  mkdir -p "$C/kueue" && cp "$C/kueue-webhook.crt" "$C/kueue/tls.crt" && cp "$C/kueue-webhook.key" "$C/kueue/tls.key"
+fi
 ossl genrsa -out "$C/sa.key" 2048
 ossl rsa -in "$C/sa.key" -pubout -out "$C/sa.pub"
 chmod 600 "$C"/*.key
@@ -158,6 +168,51 @@ setsid "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG_FILE" --leader-elect=fals
   --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --cert-dir "$C/scheduler" \
   --profiling=false >"$STATE/scheduler.log" 2>&1 </dev/null &
 echo $! >"$STATE/scheduler.pid"
+
+# --- Kueue, as a process on 127.0.0.1 (before the operator, so that no launcher races admission) ---------
+if [ "$KUEUE" = 1 ]; then
+  frameworks=batch/job,kubeflow.org/mpijob
+  python3 "$HERE/kueue-manifests-135.py" "$(dirname "$BIN")/kueue" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
+    "$C/ca.crt" "$frameworks" >"$STATE/kueue-manifests.yaml"
+  for name in $(kc create -f "$STATE/kueue-manifests.yaml" -o name | grep customresourcedefinition); do
+    for _ in $(seq 1 240); do
+      [ "$(kc get "$name" -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ] &&
+        continue 2
+      sleep 0.25
+    done
+    die "$name did not become established in 60s"
+  done
+  cat >"$STATE/kueue-config.yaml" <<KUEUECONFIG
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health: {healthProbeBindAddress: "127.0.0.1:$KUEUE_HEALTH_PORT"}
+metrics: {bindAddress: "0"}
+webhook: {port: $KUEUE_WEBHOOK_PORT, host: 127.0.0.1, certDir: "$C/kueue"}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+integrations: {frameworks: [$(echo "$frameworks" | sed 's/,/, /g')]}
+KUEUECONFIG
+  say "kueue: webhooks on https://127.0.0.1:$KUEUE_WEBHOOK_PORT, health on 127.0.0.1:$KUEUE_HEALTH_PORT"
+  # With internalCertManagement off, Kueue v0.17.1 reads its metrics server's certificate from the fixed
+  # path /etc/kueue/metrics/certs (cmd/kueue/main.go), even with metrics off, and exits without it. It
+  # runs in a mount namespace of its own where /etc is an overlay whose upper layer is in STATE_DIR, so
+  # that path exists for it alone and the machine's /etc is untouched.
+  mkdir -p "$STATE/kueue-etc/upper" "$STATE/kueue-etc/work"
+  KUBECONFIG=$KUBECONFIG_FILE setsid unshare --mount --propagation private -- bash -c '
+    mount -t overlay overlay -o "lowerdir=/etc,upperdir='"$STATE"'/kueue-etc/upper,workdir='"$STATE"'/kueue-etc/work" /etc
+    mkdir -p /etc/kueue/metrics/certs && cp "'"$C"'"/kueue/tls.crt "'"$C"'"/kueue/tls.key /etc/kueue/metrics/certs/
+    exec "'"$BIN"'/kueue" --config "'"$STATE"'/kueue-config.yaml" --feature-gates VisibilityOnDemand=false' \
+    >"$STATE/kueue.log" 2>&1 </dev/null &
+  echo $! >"$STATE/kueue.pid"
+  for _ in $(seq 1 480); do
+    alive kueue || { tail -n 20 "$STATE/kueue.log" >&2; die "kueue exited (log: $STATE/kueue.log)"; }
+    [ "$(curl -s --max-time 2 "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" 2>/dev/null)" = ok ] && { kq=1; break; }
+    sleep 0.25
+  done
+  [ "${kq:-0}" = 1 ] || { tail -n 20 "$STATE/kueue.log" >&2; die "kueue not ready after 120s"; }
+  lap kueue-ready
+fi
 
 # --- the MPI operator, in a network namespace of its own (see the top) --------------------------------
 if [ "$OPERATOR" = 1 ]; then

@@ -9,7 +9,7 @@ STATE=$1
 # Gone: exited, or a zombie waiting for its reaper (here PID 1 reaps about once a second).
 running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 # name:what its command line must contain
-for entry in kwok:/kwok mpi-operator:/mpi-operator operator-relay:socat api-relay:socat \
+for entry in kwok:/kwok kueue:/kueue mpi-operator:/mpi-operator operator-relay:socat api-relay:socat \
     scheduler:/kube-scheduler controller-manager:/kube-controller-manager apiserver:/kube-apiserver etcd:/etcd; do
   name=${entry%%:*} binary=${entry#*:}
   pidfile=$STATE/$name.pid
