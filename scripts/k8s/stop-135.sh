@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Stop what scripts/k8s/start-135.sh started in STATE_DIR, the clients first and etcd last. Only the
+# processes whose pids it recorded, and only if they still run what it started (a recycled pid belongs to
+# someone else); SIGTERM first, SIGKILL after 10 s.
+set -euo pipefail
+
+[ $# -ge 1 ] || { echo "usage: stop-135.sh STATE_DIR" >&2; exit 2; }
+STATE=$1
+# Gone: exited, or a zombie waiting for its reaper (here PID 1 reaps about once a second).
+running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+# name:what its command line must contain
+for entry in kwok:/kwok kueue:/kueue mpi-operator:/mpi-operator operator-relay:socat api-relay:socat \
+    scheduler:/kube-scheduler controller-manager:/kube-controller-manager apiserver:/kube-apiserver etcd:/etcd; do
+  name=${entry%%:*} binary=${entry#*:}
+  pidfile=$STATE/$name.pid
+  [ -f "$pidfile" ] || continue
+  pid=$(cat "$pidfile")
+  if running "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$binary"; then
+    kill -TERM "$pid"
+    for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+    running "$pid" && kill -KILL "$pid"
+    printf '\033[1m[k8s-stop]\033[0m stopped %s (pid %s)\n' "$name" "$pid" >&2
+  fi
+  rm -f "$pidfile"
+done
+rm -f "$STATE/apiserver.sock"
