@@ -19,7 +19,7 @@
 # Idempotent: each binary is checked by its --version output; only a missing or different one is built.
 # Concurrent runs wait on a lock. Compiles run under `nice -n 19` (HVDK8S_NICE) with CGO off.
 #
-# Environment: HVDK8S_CACHE_DIR (default ~/.cache/hvdk8s); HVDK8S_K8S135_DIR (default
+# Environment: HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s); HVDK8S_K8S135_DIR (default
 # $CACHE/k8s-<versions>); HVDK8S_K8S_KEEP_BUILD=1 keeps the Go module and build caches ($CACHE/gomod,
 # $CACHE/go-build, several GB) for a faster rebuild; HVDK8S_NICE (default 19).
 # Prints the binaries' folder on its last line.
@@ -32,7 +32,7 @@ KWOK_VERSION=0.8.0
 KUEUE_VERSION=0.17.1        # v0.17.2, v0.17.3: 403
 GO_MIN=1.26                 # mpi-operator v0.8.2 and etcd 3.6.16 say `go 1.26.0`
 
-CACHE=${HVDK8S_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
+CACHE=${HVDK8S_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
 OUT=${HVDK8S_K8S135_DIR:-$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-mpi-operator-$MPI_OPERATOR_VERSION-kwok-$KWOK_VERSION-kueue-$KUEUE_VERSION}
 BIN=$OUT/bin
 SRC=$OUT/src
