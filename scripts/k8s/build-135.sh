@@ -156,6 +156,7 @@ build_module() {  # name, module, version, package, ldflags
   printf 'module hvdk8s.local/%s-build\n\n%s\n\nrequire %s %s\n' "$name" "$(grep -E '^go ' "$dir/go.mod")" \
     "$mod" "$ver" >"$SRC/$name/go.mod"
   (cd "$SRC/$name" && timed "$name" gobuild -ldflags "$ld" -o "$BIN/$name" "$pkg")
+  has "$name" || die "the built $name does not report $ver"
 }
 if ! has mpi-operator; then
   build_module mpi-operator github.com/kubeflow/mpi-operator "v$MPI_OPERATOR_VERSION" \
@@ -163,7 +164,6 @@ if ! has mpi-operator; then
     -X github.com/kubeflow/mpi-operator/pkg/version.Version=v$MPI_OPERATOR_VERSION \
     -X github.com/kubeflow/mpi-operator/pkg/version.GitSHA=module-v$MPI_OPERATOR_VERSION \
     -X github.com/kubeflow/mpi-operator/pkg/version.Built=$build_date"
-  has mpi-operator || die "the built mpi-operator does not report v$MPI_OPERATOR_VERSION"
 fi
 if [ ! -s "$OUT/crd/kubeflow.org_mpijobs.yaml" ]; then
   mdir=$(download "github.com/kubeflow/mpi-operator@v$MPI_OPERATOR_VERSION")
@@ -172,7 +172,6 @@ fi
 if ! has kwok; then
   build_module kwok sigs.k8s.io/kwok "v$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
     "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=v$KWOK_VERSION"
-  has kwok || die "the built kwok does not report v$KWOK_VERSION"
 fi
 # kwok has no stages built in: its module's own node (fast: Ready at once) and pod (general: Running, Ready,
 # Job-owned pods Succeeded a second later, deleted pods gone) stages, one file for `kwok --config`.
@@ -189,7 +188,6 @@ fi
 if ! has kueue; then
   build_module kueue sigs.k8s.io/kueue "v$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue \
     "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-v$KUEUE_VERSION"
-  has kueue || die "the built kueue does not report v$KUEUE_VERSION"
 fi
 # Kueue's CRDs (with the kustomization that says which get a conversion webhook) and webhook manifests,
 # rewritten per cluster by kueue-manifests-135.py.
