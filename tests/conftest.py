@@ -194,10 +194,11 @@ def s3_endpoint():
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    """The API server the cluster tests use, with the MPIJob CRD: the project's own (etcd + kube-apiserver
-    + the garbage collector on 127.0.0.1, started once per session and stopped after it), or
+    """The cluster the cluster tests use: the project's own (Kubernetes 1.35, the real mpi-operator and
+    Kueue, kwok's nodes, all on 127.0.0.1, started once per session and stopped after it), or
     HVDK8S_TEST_KUBECONFIG's cluster (with `operator` set where a real mpi-operator runs there)."""
     import cluster_helpers as ch
+    from cluster_helpers.kubelet import FakeKubelet
 
     external = os.environ.get("HVDK8S_TEST_KUBECONFIG")
     if external:
@@ -205,32 +206,24 @@ def cluster(tmp_path_factory):
         other.operator = ch.operator_in(other)
         yield other
         return
-    if not ch.SHARED_CRD.is_file():
-        pytest.skip(f"{ch.SHARED_CRD} is absent (no ../shared beside this checkout): the cluster tests install "
-                    "the MPIJob CRD from there")
-    started = ch.own_cluster(tmp_path_factory.mktemp("k8s"))
+    kubelet = FakeKubelet()
     try:
-        yield started
+        started = ch.own_cluster(tmp_path_factory.mktemp("k8s"), kubelet)
+        try:
+            yield started
+        finally:
+            ch.stop(started)
     finally:
-        ch.stop(started)
+        kubelet.close()
 
 
 @pytest.fixture
 def own_cluster(cluster):
-    """The project's own API server: for tests that stop it, swap its CRD, use its rights-less user or
-    serve a node's kubelet endpoint to it."""
+    """The project's own cluster: for tests that stop its API server, swap its CRD, use its rights-less
+    user, or end containers and write their logs through kwok's nodes."""
     if not cluster.own:
-        pytest.skip("needs the project's own API server (HVDK8S_TEST_KUBECONFIG names another cluster)")
+        pytest.skip("needs the project's own cluster (HVDK8S_TEST_KUBECONFIG names another cluster)")
     return cluster
-
-
-@pytest.fixture
-def no_operator(cluster):
-    """For tests that play mpi-operator (they write MPIJob status, or expect nobody to pick a job up):
-    skipped where a real one runs, which would overwrite what they write."""
-    if cluster.operator:
-        pytest.skip(f"a real mpi-operator runs in this cluster ({cluster.operator}): this test plays the operator "
-                    "(writes MPIJob status, or expects nobody to pick the job up) and would race it")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import json
 import pytest
 import yaml
 
-from cluster_helpers import GROUP, NOBODY, PLURAL, SHARED_CRD, unique
+from cluster_helpers import GROUP, NOBODY, PLURAL, unique
 
 
 def _one_line(run) -> str:
@@ -44,7 +44,7 @@ def swapped_crd(own_cluster):
     own_cluster.delete_crd()
     yield own_cluster
     own_cluster.delete_crd()
-    own_cluster.install_crd(SHARED_CRD.read_text())
+    own_cluster.install_crd(own_cluster.crd.read_text())
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_no_mpijob_crd_says_how_to_install_mpi_operator(swapped_crd, job, namesp
         line = _one_line(run)
         assert "serves no MPIJobs (no mpijobs.kubeflow.org CRD); install mpi-operator (kubectl apply " \
                "--server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/" \
-               "mpi-operator.yaml)" in line  # the release the shared CRD is from
+               "mpi-operator.yaml)" in line  # the release whose CRD the cluster installs
     assert _configmaps(swapped_crd, namespace) <= {"kube-root-ca.crt"}
 
 
@@ -97,8 +97,8 @@ def test_the_training_operators_mpijob_v1_is_refused(swapped_crd, job, namespace
 
 def test_a_crd_that_refuses_a_field_refuses_the_launch(swapped_crd, job, namespace):
     """An older mpi-operator's CRD, without launcherCreationPolicy: checked against the served schema
-    before anything is sent (a 1.20 API server would silently drop the field)."""
-    crd = yaml.safe_load(SHARED_CRD.read_text())
+    before anything is sent (an API server before 1.25, without field validation, would silently drop it)."""
+    crd = yaml.safe_load(swapped_crd.crd.read_text())
     older = copy.deepcopy(crd)
     spec_schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     del spec_schema["properties"]["launcherCreationPolicy"]

@@ -1,6 +1,6 @@
 """The ConfigMap `hvdk8s launch` makes is owned by its MPIJob, so that deleting the job by any means
-deletes it: the cluster's garbage collector follows the ownerReference. The project's cluster runs
-kube-controller-manager with that controller alone (scripts/k8s/start.sh); any other cluster has one.
+deletes it: the cluster's garbage collector follows the ownerReference (kube-controller-manager's, on the
+project's cluster as on any other).
 """
 from __future__ import annotations
 

@@ -1,24 +1,23 @@
 """`hvdk8s logs [-f]` against the real API server's pod-log path.
 
-What is real here: the API server, the launcher Pod object (labelled as mpi-operator labels it, bound
-to a Node), and the API server's proxying of `pods/log` (follow included) to that Node's kubelet
-endpoint over TLS verified against the cluster's CA. What stands in for a node: the Node object
-points at `cluster_helpers.kubelet.FakeKubelet` on 127.0.0.1, which serves the container's log from
-lines the test writes; the launcher container's state and the MPIJob's status are written by the test
-(there is no kubelet or mpi-operator in the project's cluster).
+What is real here: the API server, the mpi-operator that makes the launcher Job and writes the
+MPIJob's status, the job controller that makes (and remakes) the launcher pod, the scheduler that binds
+it to a node, and the API server's proxying of `pods/log` (follow included) to that node's kubelet
+endpoint over TLS verified against the cluster's CA. What stands in for a node: kwok runs the pods on
+paper, and its nodes' kubelet endpoint is `cluster_helpers.kubelet.FakeKubelet` on 127.0.0.1, which
+serves each container's log from lines the test writes; the test ends the container
+(`cluster_helpers.end_container`) with the exit code it needs.
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
+import re
 import subprocess
 import sys
-import time
 
 import pytest
 
-from cluster_helpers import Operator, unique
-from cluster_helpers.kubelet import FakeKubelet
+from cluster_helpers import end_container, running_launcher, unique
 from conftest import RANK_SCRIPTS, ROOT
 
 EPOCHS = [
@@ -30,49 +29,30 @@ EPOCHS = [
 
 @pytest.fixture
 def kubelet(own_cluster):
-    """A Node whose kubelet endpoint is a FakeKubelet on 127.0.0.1 (removed after the test)."""
-    from kubernetes import client
-
-    server = FakeKubelet(own_cluster.state / "certs")
-    core = client.CoreV1Api(own_cluster.api())
-    node = unique("node")
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-    core.patch_node_status(node, {"status": {
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": server.port}}}})
-    server.node = node
-    yield server
-    server.close()
-    core.delete_node(node)
+    """The kubelet log endpoint of the cluster's (kwok) nodes."""
+    return own_cluster.kubelet
 
 
 @pytest.fixture
 def launched(own_cluster, job_file, namespace):
+    """A job launched in this test's namespace whose launcher fails for good the first time it exits."""
     name = unique("logs")
-    run = own_cluster.cli("launch", job_file({"name": name, "kubernetes": {"namespace": namespace}}))
+    run = own_cluster.cli("launch", job_file({"name": name, "kubernetes": {"namespace": namespace, "backoff_limit": 0}}))
     assert run.returncode == 0, run.stderr
     return name
 
 
-def _launcher_pod(cluster, kubelet, namespace: str, job: str, restarts: int = 0, pod: str | None = None) -> str:
-    """The launcher Pod as the operator's batch Job would make it, on the fake node, its container started."""
-    from kubernetes import client
+def _launcher_pod(cluster, namespace: str, job: str) -> str:
+    """The job's launcher pod (made by the operator's Job), once its container runs."""
+    return running_launcher(cluster, namespace, job).metadata.name
 
-    core = client.CoreV1Api(cluster.api())
-    pod = pod or f"{job}-launcher-{unique('x')[-5:]}"
-    if restarts == 0:
-        core.create_namespaced_pod(namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "labels": {"training.kubeflow.org/job-name": job,
-                                                 "training.kubeflow.org/job-role": "launcher",
-                                                 "training.kubeflow.org/operator-name": "mpi-operator"}},
-            "spec": {"nodeName": kubelet.node, "restartPolicy": "OnFailure",
-                     "containers": [{"name": "launcher", "image": "hvdk8s:test"}]}})
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    core.patch_namespaced_pod_status(pod, namespace, {"status": {"phase": "Running", "containerStatuses": [{
-        "name": "launcher", "ready": True, "restartCount": restarts, "image": "hvdk8s:test", "imageID": "",
-        "state": {"running": {"startedAt": now}}}]}})
-    return pod
+
+def _failed_message(cluster, namespace: str, job: str) -> str:
+    """The message of the MPIJob's Failed condition, as the operator wrote it."""
+    from cluster_helpers import job_objects
+
+    return next(c["message"] for c in job_objects(cluster, namespace, job)[0]["status"]["conditions"]
+                if c["type"] == "Failed")
 
 
 def _text(event) -> str:
@@ -85,12 +65,8 @@ def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster,
     import json
 
     name = launched
-    operator = Operator(own_cluster.api(), namespace, name)
-    operator.created()
-    follower = own_cluster.popen("logs", "-f", name, "-n", namespace)
-    time.sleep(2)  # logs -f waits for a launcher pod: none yet
-    pod = _launcher_pod(own_cluster, kubelet, namespace, name)
-    operator.running()
+    follower = own_cluster.popen("logs", "-f", name, "-n", namespace)  # (it waits for the launcher pod)
+    pod = _launcher_pod(own_cluster, namespace, name)
     feed = kubelet.feed(namespace, pod, "launcher")
     start = {"event": "start", "job": name, "framework": "pytorch", "model": "mlp", "dataset": "digits", "ranks": 2,
              "compression": "none", "precision": "fp32", "lr": 0.1, "steps_per_epoch": 23}
@@ -99,12 +75,11 @@ def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster,
                _text({"event": "progress", "epoch": 1, "step": 5, "steps": 23, "loss": 2.1, "samples_per_s": 900.0}),
                _text(EPOCHS[0]))
     kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # following now: the rest arrives live
-    feed.write("@hvdk8s " + json.dumps(EPOCHS[1]),  # ...or as JSON (HVDK8S_EVENTS=json)
-               "[1,1]<stdout>:a rank's own print",
-               _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"}))
-    feed.close()  # the launcher container exits...
-    operator.succeeded()  # ...and the operator marks the job
-    out, errors = follower.communicate(timeout=90)
+    end_container(own_cluster, namespace, pod, 0, [
+        "@hvdk8s " + json.dumps(EPOCHS[1]),  # ...or as JSON (HVDK8S_EVENTS=json)
+        "[1,1]<stdout>:a rank's own print",
+        _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"})])
+    out, errors = follower.communicate(timeout=300)  # the operator marks the job once the launcher Job completed
     assert follower.returncode == 0, errors
     lines = out.splitlines()
     assert lines == ["Warning: Permanently added 'worker-0' to the list of known hosts.", _text(start),
@@ -117,12 +92,18 @@ def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster,
         in kubelet.requests
 
 
-def test_logs_without_follow_print_what_there_is(own_cluster, kubelet, launched, namespace):
+def test_logs_without_follow_print_what_there_is(own_cluster, kubelet, job_file, launched, namespace):
+    from test_cluster_launch import NOWHERE
+
+    stuck = unique("logs")  # a job whose workers no node takes: the operator never makes its launcher
+    assert own_cluster.cli("launch", job_file({"name": stuck, "kubernetes": {"namespace": namespace,
+                                                                             "node_selector": NOWHERE}})).returncode == 0
+    before = own_cluster.cli("logs", stuck, "-n", namespace)
+    assert before.returncode == 2, before.stderr
+    assert re.search(f"mpijob {stuck} has no started launcher pod \\((Pending|Created)\\); "
+                     f"`hvdk8s logs -f {stuck} -n {namespace}`", before.stderr), before.stderr
     name = launched
-    before = own_cluster.cli("logs", name, "-n", namespace)
-    assert before.returncode == 2 and f"mpijob {name} has no started launcher pod (Pending); `hvdk8s logs -f {name} -n {namespace}`" \
-        in before.stderr
-    pod = _launcher_pod(own_cluster, kubelet, namespace, name)
+    pod = _launcher_pod(own_cluster, namespace, name)
     kubelet.feed(namespace, pod, "launcher").write("mpirun starting", _text(EPOCHS[0]))  # still running: not closed
     run = own_cluster.cli("logs", name, "-n", namespace)
     assert run.returncode == 0, run.stderr
@@ -131,26 +112,24 @@ def test_logs_without_follow_print_what_there_is(own_cluster, kubelet, launched,
     assert raw.stdout.splitlines() == ["mpirun starting", _text(EPOCHS[0])]
 
 
-def test_logs_follow_a_restarted_launcher_and_exit_1_when_the_job_failed(own_cluster, kubelet, launched, namespace):
-    name = launched
-    operator = Operator(own_cluster.api(), namespace, name)
-    pod = _launcher_pod(own_cluster, kubelet, namespace, name)
-    operator.running()
-    first = kubelet.feed(namespace, pod, "launcher")
-    first.write("first attempt")
+def test_logs_follow_a_restarted_launcher_and_exit_1_when_the_job_failed(own_cluster, kubelet, job_file, namespace):
+    name = unique("logs")  # one retry: the job controller makes a second launcher pod after the first failed
+    assert own_cluster.cli("launch", job_file({"name": name, "kubernetes": {"namespace": namespace,
+                                                                            "backoff_limit": 1}})).returncode == 0
+    first = _launcher_pod(own_cluster, namespace, name)
+    kubelet.feed(namespace, first, "launcher").write("first attempt")
     follower = own_cluster.popen("logs", "-f", name, "-n", namespace)
-    kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # it reads the first run's log
-    first.close()  # the container failed; restartPolicy OnFailure restarts it in the same pod
-    kubelet.feeds[(namespace, pod, "launcher")] = second = type(first)()
-    second.write("second attempt")
-    _launcher_pod(own_cluster, kubelet, namespace, name, restarts=1, pod=pod)
-    kubelet.wait_for_followers(namespace, pod, "launcher", 2)  # ...and has come back for the restarted one
-    second.close()
-    operator.failed(f"MPIJob {namespace}/{name} has failed because 1 Launcher replica(s) failed.")
-    out, errors = follower.communicate(timeout=90)
+    kubelet.wait_for_followers(namespace, first, "launcher", 1)  # it reads the first run's log
+    end_container(own_cluster, namespace, first, 1)
+    second = _launcher_pod(own_cluster, namespace, name)
+    assert second != first
+    kubelet.feed(namespace, second, "launcher").write("second attempt")
+    kubelet.wait_for_followers(namespace, second, "launcher", 1)  # ...and has come to the second pod
+    end_container(own_cluster, namespace, second, 1)
+    out, errors = follower.communicate(timeout=300)
     assert follower.returncode == 1, errors
     assert out.splitlines() == ["first attempt", "second attempt"]
-    assert f"mpijob/{name}: Failed" in errors and "1 Launcher replica(s) failed" in errors
+    assert f"mpijob/{name}: Failed" in errors and _failed_message(own_cluster, namespace, name) in errors
 
 
 def _ranks_output(program: list[str], tagged: bool) -> list[str]:
@@ -185,15 +164,10 @@ def test_logs_of_a_failed_job_end_naming_the_rank_that_failed_first(own_cluster,
     expected = f"rank 1 failed first: RuntimeError: boom on rank 1 (raise_on_rank.py:{line})"
 
     name = launched
-    operator = Operator(own_cluster.api(), namespace, name)
-    pod = _launcher_pod(own_cluster, kubelet, namespace, name)
-    operator.running()
+    pod = _launcher_pod(own_cluster, namespace, name)
     follower = own_cluster.popen("logs", "-f", name, "-n", namespace)
-    feed = kubelet.feed(namespace, pod, "launcher")
-    feed.write(*log)
-    feed.close()
-    operator.failed(f"MPIJob {namespace}/{name} has failed because 1 Launcher replica(s) failed.")
-    out, errors = follower.communicate(timeout=90)
+    end_container(own_cluster, namespace, pod, 1, log)
+    out, errors = follower.communicate(timeout=300)
     assert follower.returncode == 1, errors
     assert errors.splitlines()[-1] == expected, out + errors
     assert "HorovodInternalError" in out  # rank 0's consequence is in the log, above

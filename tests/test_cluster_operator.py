@@ -1,6 +1,7 @@
-"""Pointed at another cluster (HVDK8S_TEST_KUBECONFIG), the tests that play mpi-operator by writing MPIJob
-status skip where a real one runs (fixture `no_operator`). How they tell, on the project's own server:
-a Deployment named mpi-operator (as mpi-operator's manifests install it), or HVDK8S_TEST_OPERATOR=1.
+"""Pointed at another cluster (HVDK8S_TEST_KUBECONFIG), the tests say whether a real mpi-operator runs
+there (`cluster.operator`). How they tell, checked on the project's own cluster (whose operator runs as a
+process, not a Deployment): a Deployment named mpi-operator (as mpi-operator's manifests install it), or
+HVDK8S_TEST_OPERATOR=1.
 """
 from __future__ import annotations
 

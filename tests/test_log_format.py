@@ -90,17 +90,15 @@ def test_a_scripts_hostile_output_stays_one_valid_json_line(tmp_path):
 
 # --- a cluster job's log through the real API server (test_cluster_logs.py's fixtures) ----------------------
 
-from test_cluster_logs import EPOCHS, _launcher_pod, _text, kubelet, launched  # noqa: E402,F401  (fixtures)
+from test_cluster_logs import (EPOCHS, _failed_message, _launcher_pod, _text, kubelet,  # noqa: E402,F401
+                               launched)  # (fixtures)
 
 
 def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  # noqa: F811
-    from cluster_helpers import Operator
+    from cluster_helpers import end_container
 
     name = launched
-    operator = Operator(own_cluster.api(), namespace, name)
-    operator.created()
-    pod = _launcher_pod(own_cluster, kubelet, namespace, name)
-    operator.running()
+    pod = _launcher_pod(own_cluster, namespace, name)
     feed = kubelet.feed(namespace, pod, "launcher")
     follower = own_cluster.popen("logs", "-f", name, "-n", namespace, "--log-format", "json")
     start = {"event": "start", "job": name, "framework": "pytorch", "model": "mlp", "dataset": "digits",
@@ -110,9 +108,8 @@ def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  
         "@hvdk8s " + json.dumps(EPOCHS[1]), HOSTILE_TEXT,
         _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"}))
     kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # it follows the log before the log ends
-    feed.close()
-    operator.succeeded()
-    out, errors = follower.communicate(timeout=90)
+    end_container(own_cluster, namespace, pod, 0)
+    out, errors = follower.communicate(timeout=300)
     assert follower.returncode == 0, errors
     found = records(out)
     assert [r["event"] for r in found] == ["output", "start", "epoch", "epoch", "output", "done", "exit"], out
@@ -123,24 +120,22 @@ def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  
     assert "Succeeded" not in errors  # the exit record says it; stderr is for errors
 
 
-def test_launch_wait_logs_the_phases_and_how_the_job_ended(cluster, job_file, namespace, no_operator):
-    from cluster_helpers import Operator, unique
+def test_launch_wait_logs_the_phases_and_how_the_job_ended(own_cluster, job_file, namespace):
+    from cluster_helpers import end_launcher, unique
 
     name = unique("digits")
-    launching = cluster.popen("launch", job_file({"name": name, "kubernetes": {"namespace": namespace}}), "--wait",
-                              "--log-format", "json")
+    launching = own_cluster.popen("launch", job_file({"name": name, "kubernetes": {"namespace": namespace,
+                                                                                   "backoff_limit": 0}}),
+                                  "--wait", "--log-format", "json")
     submitted = json.loads(launching.stdout.readline())  # the job exists once this is written
     assert (submitted["event"], submitted["job"], submitted["namespace"]) == ("submitted", name, namespace)
-    operator = Operator(cluster.api(), namespace, name)
-    operator.created()
-    operator.running()
-    operator.failed(f"MPIJob {namespace}/{name} has failed because 1 Launcher replica(s) failed.")
-    out, errors = launching.communicate(timeout=90)
+    end_launcher(own_cluster, namespace, name, 1)
+    out, errors = launching.communicate(timeout=300)
     assert launching.returncode == 1, errors
     found = records(out)
     assert {r["event"] for r in found} == {"phase", "exit"} and "Failed" in [r["phase"] for r in found[:-1]]
     assert (found[-1]["code"], found[-1]["status"], found[-1]["level"]) == (1, "Failed", "error")
-    assert "1 Launcher replica(s) failed" in found[-1]["message"]
+    assert _failed_message(own_cluster, namespace, name) in found[-1]["message"]
 
 
 def test_logs_refuse_raw_with_json():

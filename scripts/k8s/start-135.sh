@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the current test cluster (issue 28) from the binaries scripts/k8s/build-135.sh caches (built first
 # if missing), everything on 127.0.0.1:
-#   etcd 3.6; kube-apiserver 1.35 (RBAC, the default admission plugins with PodSecurity and ServiceAccount
+#   etcd 3.6; kube-apiserver 1.35 (RBAC, privileged containers allowed as kubeadm allows them, the default
+#   admission plugins with PodSecurity and ServiceAccount
 #   on); kube-controller-manager with the job, garbage-collector, endpointslice, namespace, serviceaccount
 #   and root-ca-certificate-publisher controllers (and node-lifecycle with nodes); kube-scheduler; the MPIJob CRD from the operator's
 #   module; the real MPI operator (v2beta1 controller) out of cluster with --kubeConfig;
@@ -11,8 +12,15 @@
 #   with --kwok-nodes N: kwok and N fake nodes (kwok-node-0..N-1, untainted: the only nodes there are) whose
 #   pods it marks Running and Ready (and Job-owned pods Succeeded a second later: kwok's general stages).
 #
-#   scripts/k8s/start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--kueue] [--no-operator]
-#   scripts/k8s/stop-135.sh STATE_DIR
+#   scripts/k8s/start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--kwok-stages FILE]
+#                            [--kwok-node-port PORT] [--kueue] [--no-operator]
+#   scripts/k8s/start-135.sh STATE_DIR --apiserver-only    start the API server again over the running etcd
+#   scripts/k8s/stop-135.sh STATE_DIR [--apiserver-only]
+#
+#   --kwok-stages FILE: kwok's pod and node stages from FILE instead of its module's general ones.
+#   --kwok-node-port PORT: the kubelet port kwok's nodes advertise (where the API server proxies
+#     `pods/log` to); default: kwok's own server (TLS with the cluster CA's kubelet certificate), whose
+#     log follows never end, unlike a kubelet's when the container exits.
 #
 # The operator always serves its health check on :8080 of every interface (a constant in its
 # cmd/mpi-operator/app/server.go; no flag). To keep every listener on loopback it runs in a network
@@ -29,13 +37,16 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 say() { printf '\033[1m[k8s-start]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[k8s-start] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-[ $# -ge 1 ] || die "usage: start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--kueue] [--no-operator]"
+[ $# -ge 1 ] || die "usage: start-135.sh STATE_DIR [--kwok-nodes N] [--node-gpus G] [--kwok-stages FILE] [--kwok-node-port PORT] [--kueue] [--no-operator] | --apiserver-only"
 STATE=$(mkdir -p "$1" && cd "$1" && pwd); shift
-KWOK_NODES=0 NODE_GPUS=8 OPERATOR=1 KUEUE=0
+KWOK_NODES=0 NODE_GPUS=8 OPERATOR=1 KUEUE=0 KWOK_STAGES="" KWOK_NODE_PORT="" ONLY_APISERVER=0
 while [ $# -gt 0 ]; do
   case $1 in
     --kwok-nodes) KWOK_NODES=$2; shift 2 ;;
     --node-gpus) NODE_GPUS=$2; shift 2 ;;
+    --kwok-stages) KWOK_STAGES=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+    --kwok-node-port) KWOK_NODE_PORT=$2; shift 2 ;;
+    --apiserver-only) ONLY_APISERVER=1; shift ;;
     --no-operator) OPERATOR=0; shift ;;
     --kueue) KUEUE=1; shift ;;
     *) die "unknown argument $1" ;;
@@ -49,7 +60,30 @@ started=$SECONDS
 T0=$(date +%s.%N)
 lap() { awk -v n="$1" -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN { printf "%s %.2fs\n", n, a - b }' >>"$STATE/start-times.txt"; }
 alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
+wait_apiserver() {  # until /readyz answers ok (the admin token from the token file)
+  local token ready=0
+  token=$(cut -d, -f1 "$STATE/certs/tokens.csv" | head -n1)
+  for _ in $(seq 1 480); do
+    alive apiserver || { tail -n 20 "$STATE/apiserver.log" >&2; die "kube-apiserver exited (log: $STATE/apiserver.log)"; }
+    alive etcd || { tail -n 20 "$STATE/etcd.log" >&2; die "etcd exited (log: $STATE/etcd.log)"; }
+    if [ "$(curl -s --max-time 2 --cacert "$STATE/certs/ca.crt" -H "Authorization: Bearer $token" \
+        "https://127.0.0.1:$(sed -n 's/^API_PORT=//p' "$STATE/ports")/readyz" 2>/dev/null)" = ok ]; then ready=1; break; fi
+    sleep 0.25
+  done
+  [ "$ready" = 1 ] || { tail -n 20 "$STATE/apiserver.log" >&2; die "kube-apiserver not ready after 120s"; }
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+if [ "$ONLY_APISERVER" = 1 ]; then  # the same command line as the first start (ports, certificates, etcd)
+  alive etcd || die "no etcd runs for $STATE: start the whole cluster"
+  alive apiserver && die "the API server of $STATE runs already"
+  trap 'code=$?; [ $code -eq 0 ] || bash "$HERE/stop-135.sh" "$STATE" --apiserver-only' EXIT
+  say "kube-apiserver again"
+  setsid bash "$STATE/apiserver.cmd" >>"$STATE/apiserver.log" 2>&1 </dev/null &
+  echo $! >"$STATE/apiserver.pid"
+  wait_apiserver
+  echo "$STATE/kubeconfig"
+  exit 0
+fi
 NAMES=(etcd apiserver controller-manager scheduler api-relay mpi-operator kwok kueue)
 for n in "${NAMES[@]}"; do alive "$n" && die "$STATE already has a running cluster: stop it first (stop-135.sh $STATE)"; done
 trap 'code=$?; [ $code -eq 0 ] || bash "$HERE/stop-135.sh" "$STATE"' EXIT
@@ -117,27 +151,24 @@ echo $! >"$STATE/etcd.pid"
 
 # --- kube-apiserver ------------------------------------------------------------------------------------
 say "kube-apiserver on https://127.0.0.1:$API_PORT"
-setsid "$BIN/kube-apiserver" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
-  --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-  --cert-dir "$C" --tls-cert-file "$C/apiserver.crt" --tls-private-key-file "$C/apiserver.key" \
-  --client-ca-file "$C/ca.crt" --token-auth-file "$C/tokens.csv" \
-  --authorization-mode RBAC --enable-admission-plugins PodSecurity \
-  --service-account-key-file "$C/sa.pub" --service-account-signing-key-file "$C/sa.key" \
-  --service-account-issuer "https://127.0.0.1:$API_PORT" --api-audiences "https://127.0.0.1:$API_PORT" \
-  --service-cluster-ip-range 10.96.0.0/24 \
-  --kubelet-certificate-authority "$C/ca.crt" --kubelet-client-certificate "$C/apiserver-kubelet-client.crt" \
-  --kubelet-client-key "$C/apiserver-kubelet-client.key" --kubelet-preferred-address-types InternalIP \
-  --profiling=false >"$STATE/apiserver.log" 2>&1 </dev/null &
+# Kept as a script so that --apiserver-only starts the very same server again (exec: the pid is its own).
+cat >"$STATE/apiserver.cmd" <<APISERVER
+exec "$BIN/kube-apiserver" \\
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \\
+  --etcd-servers "http://127.0.0.1:$ETCD_PORT" \\
+  --cert-dir "$C" --tls-cert-file "$C/apiserver.crt" --tls-private-key-file "$C/apiserver.key" \\
+  --client-ca-file "$C/ca.crt" --token-auth-file "$C/tokens.csv" \\
+  --authorization-mode RBAC --enable-admission-plugins PodSecurity --allow-privileged=true \\
+  --service-account-key-file "$C/sa.pub" --service-account-signing-key-file "$C/sa.key" \\
+  --service-account-issuer "https://127.0.0.1:$API_PORT" --api-audiences "https://127.0.0.1:$API_PORT" \\
+  --service-cluster-ip-range 10.96.0.0/24 \\
+  --kubelet-certificate-authority "$C/ca.crt" --kubelet-client-certificate "$C/apiserver-kubelet-client.crt" \\
+  --kubelet-client-key "$C/apiserver-kubelet-client.key" --kubelet-preferred-address-types InternalIP \\
+  --profiling=false
+APISERVER
+setsid bash "$STATE/apiserver.cmd" >"$STATE/apiserver.log" 2>&1 </dev/null &
 echo $! >"$STATE/apiserver.pid"
-for _ in $(seq 1 480); do
-  alive apiserver || { tail -n 20 "$STATE/apiserver.log" >&2; die "kube-apiserver exited (log: $STATE/apiserver.log)"; }
-  alive etcd || { tail -n 20 "$STATE/etcd.log" >&2; die "etcd exited (log: $STATE/etcd.log)"; }
-  if [ "$(curl -s --max-time 2 --cacert "$C/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
-      "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null)" = ok ]; then ready=1; break; fi
-  sleep 0.25
-done
-[ "${ready:-0}" = 1 ] || { tail -n 20 "$STATE/apiserver.log" >&2; die "kube-apiserver not ready after 120s"; }
+wait_apiserver
 lap apiserver-ready
 
 # --- the MPIJob CRD, from the operator's module (kubectl create: plain apply overflows the annotation) ---
@@ -236,10 +267,12 @@ fi
 # --- kwok fake nodes ---------------------------------------------------------------------------------------
 if [ "$KWOK_NODES" -gt 0 ]; then
   say "kwok with $KWOK_NODES fake nodes ($NODE_GPUS nvidia.com/gpu each), its server on 127.0.0.1:$KWOK_PORT"
-  setsid "$BIN/kwok" --config "$(dirname "$BIN")/kwok/stages.yaml" --kubeconfig "$KUBECONFIG_FILE" \
+  # kwok's server (a node's kubelet API) with the certificate the API server verifies kubelets by.
+  setsid "$BIN/kwok" --config "${KWOK_STAGES:-$(dirname "$BIN")/kwok/stages.yaml}" --kubeconfig "$KUBECONFIG_FILE" \
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake --cidr 10.244.0.1/16 --node-ip 127.0.0.1 \
-    --server-address "127.0.0.1:$KWOK_PORT" --node-lease-duration-seconds 40 \
+    --server-address "127.0.0.1:$KWOK_PORT" --node-port "${KWOK_NODE_PORT:-$KWOK_PORT}" \
+    --tls-cert-file "$C/kubelet.crt" --tls-private-key-file "$C/kubelet.key" --node-lease-duration-seconds 40 \
     >"$STATE/kwok.log" 2>&1 </dev/null &
   echo $! >"$STATE/kwok.pid"
   for i in $(seq 0 $((KWOK_NODES - 1))); do

@@ -4,13 +4,15 @@
 # someone else); SIGTERM first, SIGKILL after 10 s.
 set -euo pipefail
 
-[ $# -ge 1 ] || { echo "usage: stop-135.sh STATE_DIR" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: stop-135.sh STATE_DIR [--apiserver-only]" >&2; exit 2; }
 STATE=$1
+ENTRIES=(kwok:/kwok kueue:/kueue mpi-operator:/mpi-operator operator-relay:socat api-relay:socat
+  scheduler:/kube-scheduler controller-manager:/kube-controller-manager apiserver:/kube-apiserver etcd:/etcd)
+[ "${2:-}" = --apiserver-only ] && ENTRIES=(apiserver:/kube-apiserver)
 # Gone: exited, or a zombie waiting for its reaper (here PID 1 reaps about once a second).
 running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 # name:what its command line must contain
-for entry in kwok:/kwok kueue:/kueue mpi-operator:/mpi-operator operator-relay:socat api-relay:socat \
-    scheduler:/kube-scheduler controller-manager:/kube-controller-manager apiserver:/kube-apiserver etcd:/etcd; do
+for entry in "${ENTRIES[@]}"; do
   name=${entry%%:*} binary=${entry#*:}
   pidfile=$STATE/$name.pid
   [ -f "$pidfile" ] || continue
@@ -23,4 +25,4 @@ for entry in kwok:/kwok kueue:/kueue mpi-operator:/mpi-operator operator-relay:s
   fi
   rm -f "$pidfile"
 done
-rm -f "$STATE/apiserver.sock"
+[ "${2:-}" = --apiserver-only ] || rm -f "$STATE/apiserver.sock"

@@ -1,22 +1,24 @@
-"""A real Kubernetes API server for the cluster tests, and the parts of a cluster it lacks.
+"""A real Kubernetes for the cluster tests, and the one part of a node it lacks.
 
-`own_cluster` starts etcd + kube-apiserver v1.20.2 (and the garbage collector) on 127.0.0.1 with
-scripts/k8s/start.sh (building the binaries first if this machine has none) and installs the MPIJob CRD
-from ../shared/k8s/mpijob-crd.yaml.
-With HVDK8S_TEST_KUBECONFIG set, the tests run against that cluster instead (e.g. kind with mpi-operator);
-the tests that stop the API server, swap its CRD, log in as the rights-less user or serve a node's
-kubelet endpoint then skip, as they need the project's own server.
-
-There is no mpi-operator, kubelet or scheduler in the project's cluster, and kube-controller-manager runs
-its garbage collector alone (ownerReferences cascade as on any cluster). So the tests play the rest where
-a test needs them, and say so: `Operator` writes an MPIJob's status subresource through the transitions
-mpi-operator makes, and `kubelet.FakeKubelet` serves the container-log endpoint to which the API server
-proxies `pods/log`. On another cluster where a real mpi-operator runs (`operator_in`), the tests that
-write status skip (fixture `no_operator`): the operator would overwrite what they write.
+`own_cluster` starts Kubernetes 1.35 on 127.0.0.1 with scripts/k8s/start-135.sh (building it first if
+this machine has none): etcd, kube-apiserver (PodSecurity admission on), kube-controller-manager (job,
+garbage-collector, namespace, endpointslice, serviceaccount and node-lifecycle controllers),
+kube-scheduler, the real mpi-operator v0.8.x with the MPIJob CRD from its module, real Kueue, and kwok
+with NODES fake nodes. So an MPIJob goes through the real operator: it makes the worker pods, the
+scheduler binds them to kwok's nodes, kwok marks them Running and Ready, the operator creates the
+launcher Job, the job controller its pod, and the operator writes the MPIJob's status from all that.
+What kwok cannot do, a test does, and says so:
+- a container ends when the test says: kwok's pod stages here are its module's own, except that a pod
+  completes only once it carries the annotation EXIT_CODE (`end_container`): exit code 0 makes it
+  Succeeded, any other Failed (kwok's stock stage completes every Job pod a second after it started);
+- containers write no logs: kwok's nodes advertise `kubelet.FakeKubelet` as their kubelet endpoint, which
+  serves each container's log from lines the test writes.
+With HVDK8S_TEST_KUBECONFIG set, the tests run against that cluster instead (e.g. kind with
+mpi-operator); the tests that need the project's own cluster (they stop its API server, swap its CRD,
+log in as its rights-less user, end containers through kwok or write their logs) then skip.
 """
 from __future__ import annotations
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -26,19 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "k8s"
-SHARED_CRD = ROOT.parent / "shared" / "k8s" / "mpijob-crd.yaml"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
-ADMIN, NOBODY = "hvdk8s-test", "hvdk8s-test-nobody"  # contexts start.sh writes
+ADMIN, NOBODY = "hvdk8s-test", "hvdk8s-test-nobody"  # contexts start-135.sh writes
+NODES, NODE_GPUS = 4, 8  # kwok's fake nodes (32 CPUs, 256Gi, NODE_GPUS nvidia.com/gpu, 1 rdma/ib each)
+EXIT_CODE = "hvdk8s.test/exit-code"  # the annotation on which kwok ends a pod's containers (with this code)
 
 
 @dataclass
 class Cluster:
     kubeconfig: Path
     own: bool  # the project's own API server (False: HVDK8S_TEST_KUBECONFIG's cluster)
-    state: Optional[Path] = None  # start.sh's folder (own only)
+    state: Optional[Path] = None  # start-135.sh's folder (own only)
     operator: Optional[str] = None  # where a real mpi-operator runs (`operator_in`), None: nowhere
+    kubelet: Any = None  # the log endpoint of kwok's nodes (kubelet.FakeKubelet; own only)
+    crd: Optional[Path] = None  # the MPIJob CRD the cluster was given (own only)
 
     def env(self, context: Optional[str] = None) -> dict[str, str]:
         """Environment for a CLI run against this cluster (pyc written: each run imports the client anew)."""
@@ -70,7 +77,7 @@ class Cluster:
         return proc
 
     def api(self):
-        """An admin ApiClient (the tests' own, for reading what the CLI made and for playing the operator)."""
+        """An admin ApiClient (the tests' own, for reading what the CLI made and for ending containers)."""
         from kubernetes import client, config
 
         cfg = client.Configuration()
@@ -78,11 +85,11 @@ class Cluster:
         return client.ApiClient(cfg)
 
     def stop_apiserver(self) -> None:
-        subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(self.state), "--apiserver-only"], check=True,
+        subprocess.run(["bash", str(SCRIPTS / "stop-135.sh"), str(self.state), "--apiserver-only"], check=True,
                        capture_output=True, timeout=60)
 
     def start_apiserver(self) -> None:
-        subprocess.run(["bash", str(SCRIPTS / "start.sh"), str(self.state), "--apiserver-only"], check=True,
+        subprocess.run(["bash", str(SCRIPTS / "start-135.sh"), str(self.state), "--apiserver-only"], check=True,
                        capture_output=True, timeout=120)
 
     def install_crd(self, text: str) -> None:
@@ -104,18 +111,54 @@ class Cluster:
             time.sleep(0.25)
 
 
-def own_cluster(state: Path) -> Cluster:
-    """Start the project's API server in `state` (stop it with `stop`)."""
-    proc = subprocess.run(["bash", str(SCRIPTS / "start.sh"), str(state), "--crd", str(SHARED_CRD)],
-                          capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:  # (start.sh stopped what it had started)
-        raise RuntimeError(f"scripts/k8s/start.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return Cluster(kubeconfig=Path(proc.stdout.strip().splitlines()[-1]), own=True, state=state)
+def built() -> Path:
+    """The folder of the 1.35 stack's binaries (scripts/k8s/build-135.sh builds them once per machine)."""
+    proc = subprocess.run(["bash", str(SCRIPTS / "build-135.sh")], capture_output=True, text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/k8s/build-135.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def kwok_stages(stock: str) -> str:
+    """kwok's stock stages, but a pod completes only when the test ends it (EXIT_CODE), with that code."""
+    stages = [d for d in yaml.safe_load_all(stock) if d]
+    complete = next(d for d in stages if d["metadata"]["name"] == "pod-complete")
+    spec = complete["spec"]
+    spec["selector"]["matchExpressions"] = [
+        e for e in spec["selector"]["matchExpressions"] if e["key"] != ".metadata.ownerReferences.[].kind"
+    ] + [{"key": f'.metadata.annotations["{EXIT_CODE}"]', "operator": "Exists"}]
+    spec["delay"] = {"durationMilliseconds": 0}
+    template = spec["next"]["statusTemplate"]
+    for stock_text, ours in (("exitCode: 0", "exitCode: {{ $code }}"),
+                             ("reason: Completed", "reason: {{ if eq $code \"0\" }}Completed{{ else }}Error{{ end }}"),
+                             ("phase: Succeeded", "phase: {{ if eq $code \"0\" }}Succeeded{{ else }}Failed{{ end }}")):
+        assert stock_text in template, f"kwok's pod-complete stage changed: no {stock_text!r}"
+        template = template.replace(stock_text, ours)
+    spec["next"]["statusTemplate"] = f'{{{{ $code := index .metadata.annotations "{EXIT_CODE}" }}}}\n' + template
+    return yaml.safe_dump_all(stages, sort_keys=False)
+
+
+def own_cluster(state: Path, kubelet) -> Cluster:
+    """Start the project's cluster in `state` (stop it with `stop`); kwok's nodes advertise `kubelet`."""
+    bin_dir = built()
+    stages = state / "kwok-stages.yaml"
+    stages.write_text(kwok_stages((bin_dir.parent / "kwok" / "stages.yaml").read_text()))
+    proc = subprocess.run(["bash", str(SCRIPTS / "start-135.sh"), str(state), "--kwok-nodes", str(NODES),
+                           "--node-gpus", str(NODE_GPUS), "--kwok-stages", str(stages),
+                           "--kwok-node-port", str(kubelet.port), "--kueue"],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:  # (start-135.sh stopped what it had started)
+        raise RuntimeError(f"scripts/k8s/start-135.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    kubelet.serve(state / "certs")
+    version = subprocess.run([str(bin_dir / "mpi-operator"), "--version"], capture_output=True, text=True).stdout
+    return Cluster(kubeconfig=Path(proc.stdout.strip().splitlines()[-1]), own=True, state=state,
+                   operator=f"mpi-operator {version.split()[1] if version else '?'} (the project's cluster)",
+                   kubelet=kubelet, crd=bin_dir.parent / "crd" / "kubeflow.org_mpijobs.yaml")
 
 
 def stop(cluster: Cluster) -> None:
     if cluster.own and cluster.state is not None:
-        subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(cluster.state)], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(SCRIPTS / "stop-135.sh"), str(cluster.state)], capture_output=True, timeout=120)
 
 
 def job_objects(cluster: Cluster, namespace: str, name: str) -> tuple[Optional[dict], Optional[dict]]:
@@ -159,50 +202,55 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def job_pods(cluster: Cluster, namespace: str, job: str, role: str) -> list:
+    """The job's pods of `role` (launcher or worker), as mpi-operator labels them, oldest first."""
+    from kubernetes import client
+
+    pods = client.CoreV1Api(cluster.api()).list_namespaced_pod(
+        namespace, label_selector=f"training.kubeflow.org/job-name={job},training.kubeflow.org/job-role={role}").items
+    return sorted(pods, key=lambda p: p.metadata.creation_timestamp)
 
 
-class Operator:
-    """Plays mpi-operator's part in a test: writes an MPIJob's status subresource as its controller
-    does on each transition (conditions with its reasons and messages, replicaStatuses, times)."""
+def running_launcher(cluster: Cluster, namespace: str, job: str, timeout: float = 300):
+    """The job's launcher pod once it runs (kwok marked it Running) and no test has ended it yet."""
+    deadline = time.monotonic() + timeout  # a watchdog; the launcher appears once the workers are Ready
+    while True:
+        for pod in job_pods(cluster, namespace, job, "launcher"):
+            if pod.status.phase == "Running" and EXIT_CODE not in (pod.metadata.annotations or {}):
+                return pod
+        assert time.monotonic() < deadline, f"no running launcher of {namespace}/{job} within {timeout}s"
+        time.sleep(0.1)
 
-    def __init__(self, api, namespace: str, name: str):
-        from kubernetes import client
 
-        self.custom = client.CustomObjectsApi(api)
-        self.namespace, self.name = namespace, name
-        self.conditions: list[dict] = []
-        self.times: dict[str, str] = {}
+def end_container(cluster: Cluster, namespace: str, pod: str, code: int, log: list[str] = ()) -> None:
+    """The pod's containers write `log` (to the kubelet endpoint of kwok's nodes) and exit with `code`."""
+    from kubernetes import client
 
-    def _condition(self, kind: str, status: str, reason: str, message: str) -> None:
-        self.conditions = [c for c in self.conditions if c["type"] != kind]
-        self.conditions.append({"type": kind, "status": status, "reason": reason, "message": message,
-                                "lastUpdateTime": _now(), "lastTransitionTime": _now()})
+    for container in client.CoreV1Api(cluster.api()).read_namespaced_pod(pod, namespace).spec.containers:
+        feed = cluster.kubelet.feed(namespace, pod, container.name)
+        feed.write(*log)
+        feed.close()
+    client.CoreV1Api(cluster.api()).patch_namespaced_pod(pod, namespace,
+                                                          {"metadata": {"annotations": {EXIT_CODE: str(code)}}})
 
-    def _write(self, replicas: dict, **times: str) -> None:
-        # The whole status at once, as the operator's UpdateStatus writes it.
-        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
-        self.times.update(times)
-        job["status"] = {"conditions": self.conditions, "replicaStatuses": replicas, **self.times}
-        self.custom.replace_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, job)
 
-    def created(self) -> None:
-        self._condition("Created", "True", "MPIJobCreated", f"MPIJob {self.namespace}/{self.name} is created.")
-        self._write({"Launcher": {}, "Worker": {}})
+def end_launcher(cluster: Cluster, namespace: str, job: str, code: int, log: list[str] = ()) -> str:
+    """Wait for the job's launcher to run, then end it with `code` (see `end_container`); its pod's name."""
+    pod = running_launcher(cluster, namespace, job).metadata.name
+    end_container(cluster, namespace, pod, code, log)
+    return pod
 
-    def running(self, workers: int = 1) -> None:
-        self._condition("Running", "True", "MPIJobRunning", f"MPIJob {self.namespace}/{self.name} is running.")
-        self._write({"Launcher": {"active": 1}, "Worker": {"active": workers}}, startTime=_now())
 
-    def succeeded(self) -> None:
-        self._condition("Running", "False", "MPIJobSucceeded", f"MPIJob {self.namespace}/{self.name} successfully "
-                                                                "completed.")
-        self._condition("Succeeded", "True", "MPIJobSucceeded", f"MPIJob {self.namespace}/{self.name} successfully "
-                                                                 "completed.")
-        self._write({"Launcher": {"succeeded": 1}, "Worker": {}}, completionTime=_now())
+def wait_phase(cluster: Cluster, namespace: str, job: str, phase: str, timeout: float = 300) -> dict:
+    """`hvdk8s status -o json` once the job's phase is `phase` (polled: the operator gets there)."""
+    import json
 
-    def failed(self, message: str) -> None:
-        self._condition("Running", "False", "MPIJobFailed", message)
-        self._condition("Failed", "True", "MPIJobFailed", message)
-        self._write({"Launcher": {"failed": 1}, "Worker": {}}, completionTime=_now())
+    deadline = time.monotonic() + timeout  # a watchdog
+    while True:
+        run = cluster.cli("status", job, "-n", namespace, "-o", "json")
+        assert run.returncode == 0, run.stderr
+        status = json.loads(run.stdout)
+        if status["phase"] == phase:
+            return status
+        assert time.monotonic() < deadline, f"{namespace}/{job} is {status['phase']}, not {phase}, after {timeout}s"
+        time.sleep(0.2)

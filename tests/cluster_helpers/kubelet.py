@@ -1,11 +1,13 @@
-"""A node's kubelet log endpoint, served on 127.0.0.1 for the API server to proxy `pods/log` to.
+"""The kubelet log endpoint of kwok's nodes, served on 127.0.0.1 for the API server to proxy `pods/log` to.
 
-The project's cluster has no kubelet, so no pod ever writes a log. What the API server does for
+kwok runs pods on paper: no container writes a log. What the API server does for
 `GET /api/v1/namespaces/NS/pods/POD/log?follow=true` is real all the same: it finds the pod's node,
 reads that Node's InternalIP and kubelet port, and streams `GET https://IP:PORT/containerLogs/NS/POD/
 CONTAINER?follow=true` back to the client, over TLS verified against the cluster's CA, with its kubelet
-client certificate. This server is that endpoint: it requires the API server's client certificate, and
-serves each container's log from a `Feed` the test writes to (chunked, as a kubelet streams it).
+client certificate. kwok's own server answers that path too, but its follows never end (it cannot tell
+that a container exited), so the cluster's kwok nodes advertise this server's port instead: it requires
+the API server's client certificate, and serves each container's log from a `Feed` the test writes to
+(chunked, as a kubelet streams it), ended by `close` when the test ends the container.
 """
 from __future__ import annotations
 
@@ -45,7 +47,9 @@ class Feed:
 
 
 class FakeKubelet:
-    def __init__(self, certs: Path):
+    """Bound at once (the cluster's nodes are given its port); serves once `serve` has the certificates."""
+
+    def __init__(self):
         self.feeds: dict[tuple[str, str, str], Feed] = {}
         self.requests: list[tuple[str, Optional[str]]] = []  # (path, client certificate's CN)
         kubelet = self
@@ -62,10 +66,10 @@ class FakeKubelet:
                 cn = next((v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"), None)
                 kubelet.requests.append((self.path, cn))
                 parts = url.path.strip("/").split("/")
-                feed = kubelet.feeds.get(tuple(parts[1:4])) if parts[0] == "containerLogs" and len(parts) == 4 else None
-                if feed is None:
-                    self.send_error(404, "no such container")
+                if parts[0] != "containerLogs" or len(parts) != 4:
+                    self.send_error(404, "no such path")
                     return
+                feed = kubelet.feed(*parts[1:4])  # a container nobody wrote to yet: an empty log
                 follow = urllib.parse.parse_qs(url.query).get("follow") == ["true"]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
@@ -86,12 +90,14 @@ class FakeKubelet:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+
+    def serve(self, certs: Path) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(certs / "kubelet.crt", certs / "kubelet.key")
         context.load_verify_locations(certs / "ca.crt")
         context.verify_mode = ssl.CERT_REQUIRED  # only the API server (its kubelet client certificate) gets in
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -111,5 +117,6 @@ class FakeKubelet:
     def close(self) -> None:
         for feed in self.feeds.values():
             feed.close()
-        self.server.shutdown()
+        if hasattr(self, "thread"):
+            self.server.shutdown()
         self.server.server_close()
