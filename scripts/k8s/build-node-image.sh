@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Build the images the real node runs (issue 28, item 4), without a container engine or a registry, and
+# print where their OCI archives are (node.sh imports them into containerd's k8s.io namespace):
+#
+#   hvdk8s.local/pause:<stamp>  the pod sandbox image: a static pause (reap children, sleep) compiled here.
+#   hvdk8s.local/node:<stamp>   what Dockerfile.gpu's CPU target gives an MPIJob's pods, from Debian bookworm
+#                               (debootstrap, cached): mpiuser uid/gid 1000, sshd with
+#                               /home/mpiuser/.sshd_config on port 2222 and the ssh client config, OpenMPI
+#                               (Debian's 4.1.4, the one the host's Horovod is built against).
+#
+# Python: the image does not carry the project's venv (6.9 GB here: torch's CUDA build and its nvidia-*
+# libraries, TensorFlow). The ranks get the host's venv read-only by hostPath (`kubernetes.volumes`, see
+# docs/k8s-stack.md "The real node"): mounted at /opt/hvdk8s (Dockerfile.gpu's path) and at its own path (its
+# console scripts' #! lines name it), with the pyenv Python it links to at the same path. hvdk8s gives
+# `kubernetes.volumes` to rank pods only, so the launcher (which runs `python -m hvdk8s.launch.workers`
+# and mpirun, nothing else) uses the image's own small /opt/hvdk8s: a venv of Debian's python3 with a copy of
+# hvdk8s's sources (standard library only on that path). The image's /root is 0711 so uid 1000 can reach
+# the pyenv mount under /root/.pyenv.
+#
+# Environment: HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s); HVDK8S_DEBIAN_MIRROR (default
+# http://deb.debian.org/debian). Needs root, debootstrap, gcc with static glibc (libc6-dev), tar, python3.
+# Prints two lines: the pause archive, then the node image archive; each archive's image name is in
+# <archive>.name.
+set -euo pipefail
+
+SUITE=bookworm
+PACKAGES=openssh-server,openssh-client,openmpi-bin,python3
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CACHE=${HVDK8S_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
+MIRROR=${HVDK8S_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+NICE=${HVDK8S_NICE:-19}
+
+say() { printf '\033[1m[node-image]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[node-image] error:\033[0m %s\n' "$*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot)"
+
+mkdir -p "$CACHE"
+exec 9>"$CACHE/node-image.lock"
+flock 9
+
+# OCI image archive (oci-layout, index.json, blobs) of one uncompressed layer: what `ctr images import` takes.
+oci_archive() {  # layer.tar, out.tar, name, config-json-fragment (Entrypoint/Cmd/User/Env/WorkingDir)
+  python3 - "$@" <<'EOF'
+import hashlib, json, os, sys, tarfile, tempfile, io
+layer, out, name, cfg = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+def digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+ld = digest(layer)
+config = json.dumps({"architecture": "amd64", "os": "linux", "config": cfg,
+                     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + ld]}}).encode()
+cd = hashlib.sha256(config).hexdigest()
+manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": "sha256:" + cd, "size": len(config)},
+    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": "sha256:" + ld,
+                "size": os.path.getsize(layer)}]}).encode()
+md = hashlib.sha256(manifest).hexdigest()
+index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+    "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + md,
+                   "size": len(manifest), "platform": {"architecture": "amd64", "os": "linux"},
+                   "annotations": {"io.containerd.image.name": name,
+                                   "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}]}).encode()
+with tarfile.open(out + ".tmp", "w") as t:
+    def add(arc, data):
+        info = tarfile.TarInfo(arc); info.size = len(data); t.addfile(info, io.BytesIO(data))
+    add("oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
+    add("index.json", index)
+    add("blobs/sha256/" + cd, config)
+    add("blobs/sha256/" + md, manifest)
+    t.add(layer, "blobs/sha256/" + ld)
+os.replace(out + ".tmp", out)
+with open(out + ".name", "w") as f:
+    f.write(name + "\n")
+EOF
+}
+
+# --- pause -------------------------------------------------------------------------------------------
+# Kubernetes' pause (build/pause/linux/pause.c) is not in the Go module; this one does what the sandbox
+# needs: exit on SIGINT/SIGTERM, reap zombies, sleep.
+PAUSE_C='#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void die(int s) { (void)s; _exit(0); }
+static void reap(int s) { (void)s; while (waitpid(-1, NULL, WNOHANG) > 0) {} }
+int main(void) {
+  struct sigaction a = {0}, r = {0};
+  a.sa_handler = die; sigaction(SIGINT, &a, NULL); sigaction(SIGTERM, &a, NULL);
+  r.sa_handler = reap; r.sa_flags = SA_NOCLDSTOP; sigaction(SIGCHLD, &r, NULL);
+  for (;;) pause();
+}'
+pstamp=$(printf '%s' "$PAUSE_C" | sha256sum | cut -c1-12)
+PDIR=$CACHE/node-image-pause-$pstamp
+if [ ! -s "$PDIR/pause.oci.tar" ]; then
+  rm -rf "$PDIR" && mkdir -p "$PDIR/rootfs"
+  printf '%s\n' "$PAUSE_C" >"$PDIR/pause.c"
+  gcc -static -Os -s -o "$PDIR/rootfs/pause" "$PDIR/pause.c" || die "gcc -static failed (libc6-dev?)"
+  tar -C "$PDIR/rootfs" --numeric-owner --owner=0 --group=0 -cf "$PDIR/layer.tar" pause
+  oci_archive "$PDIR/layer.tar" "$PDIR/pause.oci.tar" "hvdk8s.local/pause:$pstamp" \
+    '{"Entrypoint": ["/pause"], "User": "65535:65535"}'
+  rm -rf "$PDIR/rootfs" "$PDIR/layer.tar"
+fi
+
+# --- Debian base (debootstrap), cached by suite and package list -------------------------------------------
+bstamp=$(printf '%s %s' "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
+BASE=$CACHE/node-image-debian-$SUITE-$bstamp.tar
+if [ ! -s "$BASE" ]; then
+  command -v debootstrap >/dev/null || die "debootstrap is needed (apt-get install debootstrap)"
+  tmp=$(mktemp -d "$CACHE/debootstrap.XXXXXX")
+  t0=$SECONDS
+  say "debootstrap $SUITE --variant=minbase --include=$PACKAGES (once; log: $tmp.log)"
+  nice -n "$NICE" debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp/rootfs" "$MIRROR" \
+    >"$tmp.log" 2>&1 || { tail -n 20 "$tmp.log" >&2; die "debootstrap failed"; }
+  rm -rf "$tmp/rootfs/var/cache/apt/archives/"*.deb "$tmp/rootfs/var/lib/apt/lists/"*
+  tar -C "$tmp/rootfs" --numeric-owner -cf "$BASE.tmp" . && mv "$BASE.tmp" "$BASE"
+  rm -rf "$tmp" "$tmp.log"
+  say "debian base: $((SECONDS - t0))s, $(du -h "$BASE" | cut -f1)"
+fi
+
+# --- the node image: base + what Dockerfile.gpu's CPU target adds ------------------------------------------
+# Stamped by this script, the base and hvdk8s's sources (the launcher's copy must match the ranks' venv).
+istamp=$( (cat "$0"; printf '%s' "$bstamp"; cd "$ROOT" && find hvdk8s -name '*.py' -type f | LC_ALL=C sort | xargs cat) |
+  sha256sum | cut -c1-12)
+IDIR=$CACHE/node-image-$istamp
+if [ ! -s "$IDIR/node.oci.tar" ]; then
+  t0=$SECONDS
+  rm -rf "$IDIR" && mkdir -p "$IDIR/rootfs"
+  tar -C "$IDIR/rootfs" -xf "$BASE"
+  r=$IDIR/rootfs
+  chroot "$r" /bin/sh -ec '
+    groupadd --gid 1000 mpiuser
+    useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash mpiuser
+    rm -f /etc/ssh/ssh_host_*
+    mkdir -p /run/sshd
+    chmod 0711 /root
+    python3 -m venv --without-pip /opt/hvdk8s'
+  # Dockerfile.gpu's sshd and client configuration, word for word (its ENV PATH; no CUDA here).
+  printf '%s\n' 'Port 2222' 'HostKey /home/mpiuser/.ssh/id_rsa' 'PidFile /home/mpiuser/sshd.pid' 'StrictModes no' \
+    'PubkeyAuthentication yes' 'AuthorizedKeysFile .ssh/authorized_keys' 'PasswordAuthentication no' \
+    'KbdInteractiveAuthentication no' 'UsePAM no' \
+    'SetEnv PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LD_LIBRARY_PATH=' \
+    >"$r/home/mpiuser/.sshd_config"
+  chroot "$r" chown 1000:1000 /home/mpiuser/.sshd_config
+  printf '%s\n' 'Host *' '    Port 2222' '    StrictHostKeyChecking no' '    UserKnownHostsFile /dev/null' \
+    '    LogLevel ERROR' >"$r/etc/ssh/ssh_config.d/hvdk8s.conf"
+  chroot "$r" /bin/sh -ec 'ssh -G worker-0 | grep -qx "port 2222"
+    ssh-keygen -q -t ed25519 -N "" -f /tmp/k && /usr/sbin/sshd -t -f /home/mpiuser/.sshd_config -o HostKey=/tmp/k
+    rm -f /tmp/k /tmp/k.pub'
+  # The launcher's hvdk8s (see the header): the package's sources, no dependencies.
+  site=$(echo "$r"/opt/hvdk8s/lib/python3*/site-packages)
+  (cd "$ROOT" && find hvdk8s -name '*.py' -type f | tar -cf - -T -) | tar -C "$site" -xf -
+  chroot "$r" /opt/hvdk8s/bin/python -c 'import hvdk8s.launch.workers' || die "hvdk8s.launch.workers does not import in the image"
+  tar -C "$r" --numeric-owner -cf "$IDIR/layer.tar" .
+  oci_archive "$IDIR/layer.tar" "$IDIR/node.oci.tar" "hvdk8s.local/node:$istamp" \
+    '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "VIRTUAL_ENV=/opt/hvdk8s"], "ExposedPorts": {"2222/tcp": {}}}'
+  rm -rf "$IDIR/rootfs" "$IDIR/layer.tar"
+  say "node image: $((SECONDS - t0))s, $(du -h "$IDIR/node.oci.tar" | cut -f1)"
+fi
+echo "$PDIR/pause.oci.tar"
+echo "$IDIR/node.oci.tar"
