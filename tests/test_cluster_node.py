@@ -1,0 +1,136 @@
+"""The real node (issue 28, items 4-5): a cluster of its own (scripts/k8s/start-135.sh with the real
+mpi-operator) plus one node that runs containers (scripts/k8s/node.sh: containerd, runc, kubelet 1.35,
+the CNI bridge and CoreDNS in a network namespace of their own). Pods really run here; logs come from the
+real kubelet through the API server.
+
+Skipped when scripts/k8s/build-node.sh has not built the node's binaries on this machine (CI builds them
+first: `bash scripts/k8s/build-node.sh`); the control plane (build-135.sh) is built on demand as by
+start-135.sh."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "scripts" / "k8s"
+DIGITS_JOB = ROOT / "examples" / "digits.yaml"
+
+
+def _built() -> str | None:
+    """Why the node cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network and mount namespaces, cgroups)"
+    if shutil.which("kubectl") is None or shutil.which("socat") is None:
+        return "needs kubectl and socat"
+    check = subprocess.run(["bash", str(K8S / "build-node.sh"), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        return f"the node's binaries are not built on this machine (bash scripts/k8s/build-node.sh): {check.stderr.strip()}"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_built() is not None, reason=str(_built()))
+
+
+class Node:
+    """The cluster and its node: kubectl against it, the node's image."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        self.kubeconfig = state / "kubeconfig"
+        env = dict(line.split("=", 1) for line in (state / "node" / "env").read_text().splitlines() if "=" in line)
+        self.name = env["NODE_NAME"]
+        self.image = env["NODE_IMAGE"]
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120):
+        out = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=input,
+                             capture_output=True, text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {out.stderr}")
+        return out
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait_for(self, what: str, condition, timeout: float = 180, every: float = 0.5):
+        """Poll until condition() returns something truthy (and return it); fail after timeout with what."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(every)
+
+    def pod_phase(self, ns: str, name: str) -> str:
+        return self.get("pod", "-n", ns, name).get("status", {}).get("phase", "")
+
+    def diagnose(self, ns: str) -> str:
+        return self.kubectl("get", "pods,events", "-n", ns, "-o", "wide", check=False).stdout
+
+
+def _sh(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    state = tmp_path_factory.mktemp("k8s-node")
+    started = _sh(K8S / "start-135.sh", state)
+    try:
+        assert started.returncode == 0, f"start-135.sh failed:\n{started.stderr[-4000:]}"
+        up = _sh(K8S / "node.sh", state, "start")
+        assert up.returncode == 0, f"node.sh start failed:\n{up.stderr[-4000:]}"
+        yield Node(state)
+    finally:
+        _sh(K8S / "node.sh", state, "stop", timeout=120)
+        _sh(K8S / "stop-135.sh", state, timeout=120)
+
+
+def restricted_namespace(node: Node, name: str) -> str:
+    """A namespace that enforces PodSecurity restricted (what hvdk8s's rendered pods satisfy)."""
+    node.kubectl("create", "namespace", name)
+    node.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+    return name
+
+
+def restricted_pod(name: str, image: str, command: list[str], **spec) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never", "command": command,
+                            "securityContext": {"allowPrivilegeEscalation": False,
+                                                "capabilities": {"drop": ["ALL"]}}}],
+            **spec,
+        },
+    }
+
+
+def test_node_is_ready_and_runs_a_restricted_pod(node):
+    """The real node is Ready; a restricted pod (non-root, seccomp RuntimeDefault, no capabilities) runs
+    `echo hello` on it and `kubectl logs` returns hello through the API server from the kubelet."""
+    ready = node.get("node", node.name)
+    assert {c["type"]: c["status"] for c in ready["status"]["conditions"]}["Ready"] == "True"
+    assert ready["status"]["nodeInfo"]["kubeletVersion"] == "v1.35.8"
+    assert ready["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+    ns = restricted_namespace(node, "hello")
+    pod = restricted_pod("hello", node.image, ["echo", "hello"])
+    node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
+    phase = node.wait_for("the pod to finish",
+                          lambda: (p := node.pod_phase(ns, "hello")) in ("Succeeded", "Failed") and p)
+    assert phase == "Succeeded", node.diagnose(ns)
+    served = node.get("pod", "-n", ns, "hello")
+    assert served["spec"]["nodeName"] == node.name
+    assert node.kubectl("logs", "-n", ns, "hello").stdout == "hello\n"
+
