@@ -134,3 +134,58 @@ def test_node_is_ready_and_runs_a_restricted_pod(node):
     assert served["spec"]["nodeName"] == node.name
     assert node.kubectl("logs", "-n", ns, "hello").stdout == "hello\n"
 
+
+def ssh_secret(name: str, tmp: Path) -> dict:
+    """A kubernetes.io/ssh-auth Secret with a fresh key pair, as mpi-operator makes for each job."""
+    key = tmp / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    import base64
+    b64 = lambda p: base64.b64encode(p.read_bytes()).decode()  # noqa: E731
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "kubernetes.io/ssh-auth",
+            "data": {"ssh-privatekey": b64(key), "ssh-publickey": b64(key.with_suffix(".pub"))}}
+
+
+# The operator's SSH volume for a non-root sshAuthMountPath (docs/k8s-stack.md, difference 3).
+SSH_VOLUME = {"name": "ssh-auth", "secret": {"secretName": "ssh", "defaultMode": 420, "items": [
+    {"key": "ssh-privatekey", "path": "id_rsa"}, {"key": "ssh-publickey", "path": "id_rsa.pub"},
+    {"key": "ssh-publickey", "path": "authorized_keys"}]}}
+SSH_MOUNT = {"name": "ssh-auth", "mountPath": "/home/mpiuser/.ssh"}
+
+
+def test_pods_resolve_each_other_and_ssh_as_mpiuser(node, tmp_path):
+    """Two sshd pods (the image's default command) behind a headless Service, named as the operator names
+    workers (hostname + subdomain); a third pod reaches both by `<pod>.<service>.<ns>.svc` (the hostfile's
+    names, no cluster domain) with ssh on 2222 as mpiuser, using the key pair from a Secret mounted as the
+    operator mounts it."""
+    ns = restricted_namespace(node, "sshpair")
+    node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(ssh_secret("ssh", tmp_path)))
+    node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "pair"},
+        "spec": {"clusterIP": "None", "selector": {"role": "sshd"}, "publishNotReadyAddresses": True}}))
+    for i in range(2):
+        pod = restricted_pod(f"w{i}", node.image, ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"],
+                             hostname=f"w{i}", subdomain="pair", volumes=[SSH_VOLUME])
+        pod["metadata"]["labels"] = {"role": "sshd"}
+        pod["spec"]["securityContext"]["fsGroup"] = 1000  # as hvdk8s renders (mpijob/security.py)
+        pod["spec"]["containers"][0].update(volumeMounts=[SSH_MOUNT], readinessProbe={
+            "tcpSocket": {"port": 2222}, "periodSeconds": 1})
+        node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
+    for i in range(2):
+        node.wait_for(f"w{i} Ready", lambda i=i: any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in node.get("pod", "-n", ns, f"w{i}").get("status", {}).get("conditions", [])))
+    names = [f"w{i}.pair.{ns}.svc" for i in range(2)]
+    client = restricted_pod("client", node.image, ["sh", "-c", " && ".join(
+        f"getent hosts {n} && ssh -o BatchMode=yes {n} 'echo reached $(hostname) as $(id -un)'" for n in names)],
+        volumes=[SSH_VOLUME])
+    client["spec"]["securityContext"]["fsGroup"] = 1000
+    client["spec"]["containers"][0]["volumeMounts"] = [SSH_MOUNT]
+    node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(client))
+    phase = node.wait_for("the client to finish",
+                          lambda: (p := node.pod_phase(ns, "client")) in ("Succeeded", "Failed") and p)
+    log = node.kubectl("logs", "-n", ns, "client").stdout
+    assert phase == "Succeeded", log + node.diagnose(ns)
+    ips = {i: node.get("pod", "-n", ns, f"w{i}")["status"]["podIP"] for i in range(2)}
+    for i, name in enumerate(names):
+        assert f"{ips[i]}" in log and name in log, log
+        assert f"reached w{i} as mpiuser" in log, log
