@@ -9,13 +9,15 @@
 #                               (Debian's 4.1.4, the one the host's Horovod is built against).
 #
 # Python: the image does not carry the project's venv (6.9 GB here: torch's CUDA build and its nvidia-*
-# libraries, TensorFlow). The ranks get the host's venv read-only by hostPath (`kubernetes.volumes`, see
-# docs/k8s-stack.md "The real node"): mounted at /opt/hvdk8s (Dockerfile.gpu's path) and at its own path (its
-# console scripts' #! lines name it), with the pyenv Python it links to at the same path. hvdk8s gives
-# `kubernetes.volumes` to rank pods only, so the launcher (which runs `python -m hvdk8s.launch.workers`
-# and mpirun, nothing else) uses the image's own small /opt/hvdk8s: a venv of Debian's python3 with a copy of
-# hvdk8s's sources (standard library only on that path). The image's /root is 0711 so uid 1000 can reach
-# the pyenv mount under /root/.pyenv.
+# libraries, TensorFlow; a copy would be tarred, imported and unpacked for every image build). The ranks get
+# the host's venv read-only by hostPath (`kubernetes.volumes`, see docs/k8s-stack.md "The real node"), at
+# /opt/hvdk8s-host, with the pyenv Python its bin/python links to at that same path (hvdk8s refuses a mount
+# that would hide the image's /opt/hvdk8s). hvdk8s gives `kubernetes.volumes` to rank pods only, so the
+# launcher (which runs `python -m hvdk8s.launch.workers` and mpirun, nothing else) has no such mount: it
+# uses the image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources
+# (standard library only on that path). /opt/hvdk8s/bin (Dockerfile.gpu's path, first on PATH, also in
+# sshd's SetEnv) holds `python`, `python3` and `hvdk8s`, which run the mounted venv where it is mounted
+# and the image's otherwise. The image's /root is 0711 so that uid 1000 can reach the pyenv mount.
 #
 # Environment: HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s); HVDK8S_DEBIAN_MIRROR (default
 # http://deb.debian.org/debian). Needs root, debootstrap, gcc with static glibc (libc6-dev), tar, python3.
@@ -137,7 +139,8 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
     rm -f /etc/ssh/ssh_host_*
     mkdir -p /run/sshd
     chmod 0711 /root
-    python3 -m venv --without-pip /opt/hvdk8s'
+    python3 -m venv --without-pip /opt/hvdk8s-image
+    mkdir -p /opt/hvdk8s/bin /opt/hvdk8s-host'
   # Dockerfile.gpu's sshd and client configuration, word for word (its ENV PATH; no CUDA here).
   printf '%s\n' 'Port 2222' 'HostKey /home/mpiuser/.ssh/id_rsa' 'PidFile /home/mpiuser/sshd.pid' 'StrictModes no' \
     'PubkeyAuthentication yes' 'AuthorizedKeysFile .ssh/authorized_keys' 'PasswordAuthentication no' \
@@ -151,12 +154,17 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
     ssh-keygen -q -t ed25519 -N "" -f /tmp/k && /usr/sbin/sshd -t -f /home/mpiuser/.sshd_config -o HostKey=/tmp/k
     rm -f /tmp/k /tmp/k.pub'
   # The launcher's hvdk8s (see the header): the package's sources, no dependencies.
-  site=$(echo "$r"/opt/hvdk8s/lib/python3*/site-packages)
+  site=$(echo "$r"/opt/hvdk8s-image/lib/python3*/site-packages)
   (cd "$ROOT" && find hvdk8s -name '*.py' -type f | tar -cf - -T -) | tar -C "$site" -xf -
+  for cmd in python python3; do
+    printf '#!/bin/sh\n# the mounted venv where there is one (rank pods), else the image'"'"'s own (the launcher)\n[ -x /opt/hvdk8s-host/bin/python ] && exec /opt/hvdk8s-host/bin/python "$@"\nexec /opt/hvdk8s-image/bin/python "$@"\n' >"$r/opt/hvdk8s/bin/$cmd"
+  done
+  printf '#!/bin/sh\nexec /opt/hvdk8s/bin/python -m hvdk8s "$@"\n' >"$r/opt/hvdk8s/bin/hvdk8s"
+  chmod 0755 "$r"/opt/hvdk8s/bin/*
   chroot "$r" /opt/hvdk8s/bin/python -c 'import hvdk8s.launch.workers' || die "hvdk8s.launch.workers does not import in the image"
   tar -C "$r" --numeric-owner -cf "$IDIR/layer.tar" .
   oci_archive "$IDIR/layer.tar" "$IDIR/node.oci.tar" "hvdk8s.local/node:$istamp" \
-    '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "VIRTUAL_ENV=/opt/hvdk8s"], "ExposedPorts": {"2222/tcp": {}}}'
+    '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "ExposedPorts": {"2222/tcp": {}}}'
   rm -rf "$IDIR/rootfs" "$IDIR/layer.tar"
   say "node image: $((SECONDS - t0))s, $(du -h "$IDIR/node.oci.tar" | cut -f1)"
 fi
