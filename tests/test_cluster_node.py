@@ -189,3 +189,54 @@ def test_pods_resolve_each_other_and_ssh_as_mpiuser(node, tmp_path):
     for i, name in enumerate(names):
         assert f"{ips[i]}" in log and name in log, log
         assert f"reached w{i} as mpiuser" in log, log
+
+
+def digits_on_the_node(node: Node, path: Path) -> Path:
+    """examples/digits.yaml as 2 workers x 1 rank on the node's image, with the host's Python mounted into
+    the rank pods (scripts/k8s/build-node-image.sh says why): the venv at /opt/hvdk8s-host, the checkout
+    its editable install points to, and the pyenv Python the venv links to, each at its own path."""
+    venv = Path(sys.prefix)
+    base = Path(os.path.realpath(venv / "bin" / "python")).parent.parent
+    job = yaml.safe_load(DIGITS_JOB.read_text())
+    job["image"] = node.image
+    job["resources"].update(workers=2, ranks_per_worker=1, cpu="500m", memory="2Gi")  # + the launcher's 1 CPU: 2 cores
+    job["kubernetes"] = {"image_pull_policy": "Never", "volumes": [
+        {"name": "venv", "host_path": str(venv), "mount_path": "/opt/hvdk8s-host", "read_only": True},
+        {"name": "checkout", "host_path": str(ROOT), "mount_path": str(ROOT), "read_only": True},
+        {"name": "python", "host_path": str(base), "mount_path": str(base), "read_only": True}]}
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def hvdk8s(node: Node, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvdk8s", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, "KUBECONFIG": str(node.kubeconfig)})
+
+
+def test_digits_trains_on_the_real_operator_and_node(node, tmp_path):
+    """`hvdk8s launch --wait` of the digits example: the real mpi-operator creates the workers, then (once
+    they are Ready) the launcher; mpirun reaches the workers over ssh by their DNS names, the ranks train,
+    the operator marks the MPIJob Succeeded, which ends the wait (exit 0); `hvdk8s logs` and `logs -f` read
+    the launcher's log through the real kubelet and show the accuracy; `hvdk8s delete` removes it all."""
+    job = digits_on_the_node(node, tmp_path / "digits.yaml")
+    ns = "default"  # hostPath needs the privileged level: no PodSecurity label here
+    launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", str(job))
+    pods = node.kubectl("get", "pods,events", "-n", ns, check=False).stdout
+    assert launched.returncode == 0, launched.stdout + launched.stderr + pods
+    assert "mpijob/digits-mlp: Succeeded" in launched.stderr, launched.stderr  # the watch's lines
+    status = node.get("mpijob", "-n", ns, "digits-mlp")["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
+    assert status["replicaStatuses"]["Launcher"] == {"succeeded": 1}
+    logs = hvdk8s(node, "logs", "digits-mlp")
+    assert logs.returncode == 0, logs.stderr
+    done = [line for line in logs.stdout.splitlines() if line.startswith("done: test accuracy")]
+    assert done, logs.stdout
+    accuracy = float(done[0].split()[3].rstrip("%"))
+    assert accuracy > 90, done[0]
+    assert "epoch 15/15" in logs.stdout
+    followed = hvdk8s(node, "logs", "-f", "digits-mlp", timeout=120)
+    assert followed.returncode == 0 and done[0] in followed.stdout, followed.stdout + followed.stderr
+    deleted = hvdk8s(node, "delete", "digits-mlp")
+    assert deleted.returncode == 0, deleted.stderr
+    node.wait_for("the job's pods to go", lambda: not node.get(
+        "pods", "-n", ns, "-l", "hvdk8s.io/job=digits-mlp")["items"], timeout=120)

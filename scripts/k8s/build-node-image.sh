@@ -166,6 +166,10 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
   oci_archive "$IDIR/layer.tar" "$IDIR/node.oci.tar" "hvdk8s.local/node:$istamp" \
     '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "ExposedPorts": {"2222/tcp": {}}}'
   rm -rf "$IDIR/rootfs" "$IDIR/layer.tar"
+  # Older stamps (hvdk8s's sources changed): 234 MB each. A node already running keeps its imported copy.
+  for old in "$CACHE"/node-image-[0-9a-f]*; do
+    [ "$old" != "$IDIR" ] && [ -d "$old" ] && [[ $(basename "$old") =~ ^node-image-[0-9a-f]{12}$ ]] && rm -rf "$old"
+  done
   say "node image: $((SECONDS - t0))s, $(du -h "$IDIR/node.oci.tar" | cut -f1)"
 fi
 echo "$PDIR/pause.oci.tar"
