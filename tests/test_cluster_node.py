@@ -36,7 +36,8 @@ def _built() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_built() is not None, reason=str(_built()))
+_UNBUILT = _built()
+pytestmark = pytest.mark.skipif(_UNBUILT is not None, reason=str(_UNBUILT))
 
 
 class Node:
@@ -197,6 +198,8 @@ def digits_on_the_node(node: Node, path: Path) -> Path:
     its editable install points to, and the pyenv Python the venv links to, each at its own path."""
     venv = Path(sys.prefix)
     base = Path(os.path.realpath(venv / "bin" / "python")).parent.parent
+    if base in (Path("/usr"), Path("/usr/local")):  # it would hide the image's own /usr
+        pytest.skip(f"the venv's Python lives in {base}: mount it only from a self-contained install (pyenv)")
     job = yaml.safe_load(DIGITS_JOB.read_text())
     job["image"] = node.image
     job["resources"].update(workers=2, ranks_per_worker=1, cpu="500m", memory="2Gi")  # + the launcher's 1 CPU: 2 cores
@@ -240,3 +243,50 @@ def test_digits_trains_on_the_real_operator_and_node(node, tmp_path):
     assert deleted.returncode == 0, deleted.stderr
     node.wait_for("the job's pods to go", lambda: not node.get(
         "pods", "-n", ns, "-l", "hvdk8s.io/job=digits-mlp")["items"], timeout=120)
+
+
+FAILING_SCRIPT = '''"""Rank 1 fails at once; rank 0 waits for it in an allreduce until mpirun ends the job."""
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+if hvd.rank() == 1:
+    raise RuntimeError("boom on rank 1")
+hvd.allreduce(torch.zeros(1))
+'''
+
+
+def test_a_failing_rank_fails_the_job_and_is_named_by_logs_follow(node, tmp_path):
+    """A script job (`entrypoint`, carried in the job's ConfigMap) whose rank 1 raises: `hvdk8s logs -f`,
+    following the launcher through the real kubelet from the start, ends with exit 1 and names rank 1, its
+    exception and the script's line; the operator marks the MPIJob Failed; `kubectl delete mpijob` leaves
+    nothing of the job. backoff_limit 0: one launcher attempt (the default 6 retries the launcher container
+    in place, with back-off, for minutes). Afterwards the launcher pod is gone, and `hvdk8s logs` without
+    -f cannot name the rank: docs/k8s-stack.md section 6, difference 5."""
+    (tmp_path / "fail.py").write_text(FAILING_SCRIPT)
+    job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
+    for field in ("model", "dataset"):
+        job.pop(field)
+    job.update(name="fail-rank", entrypoint={"script": "fail.py"}, training={"epochs": 1})
+    job["kubernetes"]["backoff_limit"] = 0
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    launched = hvdk8s(node, "launch", str(tmp_path / "job.yaml"))
+    assert launched.returncode == 0, launched.stderr
+    followed = hvdk8s(node, "logs", "-f", "fail-rank", timeout=300)
+    lines = followed.stderr.strip().splitlines()
+    assert followed.returncode == 1, followed.stdout + followed.stderr
+    assert lines[-1] == "rank 1 failed first: RuntimeError: boom on rank 1 (fail.py:7)", followed.stderr
+    conditions = node.wait_for("the MPIJob's Failed condition", lambda: {
+        c["type"]: c["status"] for c in node.get("mpijob", "-n", "default", "fail-rank")["status"].get("conditions", [])
+    }.get("Failed") == "True")
+    assert conditions
+    # `kubectl delete mpijob` alone cleans up: the garbage collector removes what the operator made (launcher
+    # Job, pods, Service, SSH Secret, hostfile ConfigMap) and hvdk8s's job ConfigMap (owned by the MPIJob).
+    node.kubectl("delete", "mpijob", "-n", "default", "fail-rank")
+
+    def left() -> list[str]:
+        kinds = "pods,jobs.batch,services,secrets,configmaps"
+        return [i["metadata"]["name"] for i in node.get(kinds, "-n", "default")["items"]
+                if i["metadata"]["name"].startswith("fail-rank")]
+
+    node.wait_for("nothing of the job left", lambda: not left(), timeout=120)
