@@ -85,7 +85,7 @@ def _sh(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     state = tmp_path_factory.mktemp("k8s-node")
-    started = _sh(K8S / "start-135.sh", state)
+    started = _sh(K8S / "start-135.sh", state, "--kueue")  # Kueue leaves jobs without a queue label alone
     try:
         assert started.returncode == 0, f"start-135.sh failed:\n{started.stderr[-4000:]}"
         up = _sh(K8S / "node.sh", state, "start")
@@ -290,3 +290,52 @@ def test_a_failing_rank_fails_the_job_and_is_named_by_logs_follow(node, tmp_path
                 if i["metadata"]["name"].startswith("fail-rank")]
 
     node.wait_for("nothing of the job left", lambda: not left(), timeout=120)
+
+
+QUEUES = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: default}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: node}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default
+      resources:
+      - {name: cpu, nominalQuota: "2"}
+      - {name: memory, nominalQuota: 8Gi}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: team, namespace: default}
+spec: {clusterQueue: node}
+"""
+
+
+def test_digits_through_kueue_on_the_real_node(node, tmp_path):
+    """The digits job with `kubernetes.queue`: created suspended, admitted by real Kueue (the ClusterQueue's
+    quota is the node's 2 CPUs, which the job's launcher and workers fill), trained on the real node,
+    Succeeded; the Workload ends Admitted and Finished. Under Kueue the operator starts the launcher
+    together with the workers, not after they are Ready (docs/k8s-stack.md section 4, difference 0): the
+    launcher's own wait for the workers' sshd is what keeps mpirun from racing them, and its log says so."""
+    node.kubectl("apply", "-f", "-", input=QUEUES)
+    job = digits_on_the_node(node, tmp_path / "digits.yaml")
+    launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", "--set", "kubernetes.queue=team", str(job))
+    assert launched.returncode == 0, launched.stdout + launched.stderr + node.diagnose("default")
+    assert "mpijob/digits-mlp: Succeeded" in launched.stderr, launched.stderr
+    workloads = node.get("workloads", "-n", "default")["items"]
+    assert len(workloads) == 1
+    conditions = {c["type"]: c["status"] for c in workloads[0]["status"]["conditions"]}
+    assert conditions["Admitted"] == "True" and conditions["Finished"] == "True", conditions
+    raw = hvdk8s(node, "logs", "--raw", "digits-mlp").stdout
+    assert "hvdk8s: waiting up to 900s for 2 worker(s) to answer ssh on port 2222" in raw, raw
+    assert "hvdk8s: all 2 worker(s) answer ssh after " in raw, raw
+    assert "done: test accuracy" in raw, raw
+    assert hvdk8s(node, "delete", "digits-mlp").returncode == 0
+    node.wait_for("the job's pods to go", lambda: not node.get(
+        "pods", "-n", "default", "-l", "hvdk8s.io/job=digits-mlp")["items"], timeout=120)
