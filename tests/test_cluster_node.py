@@ -37,7 +37,10 @@ def _built() -> str | None:
 
 
 _UNBUILT = _built()
-pytestmark = pytest.mark.skipif(_UNBUILT is not None, reason=str(_UNBUILT))
+# `ranks`: the jobs here run real Horovod ranks on the node's (this machine's) cores, so under
+# scripts/test.sh the whole file goes to the one worker that runs rank tests one at a time
+# (tests/workgroups.py), with one cluster and node for the module.
+pytestmark = [pytest.mark.skipif(_UNBUILT is not None, reason=str(_UNBUILT)), pytest.mark.ranks]
 
 
 class Node:
@@ -339,3 +342,39 @@ def test_digits_through_kueue_on_the_real_node(node, tmp_path):
     assert hvdk8s(node, "delete", "digits-mlp").returncode == 0
     node.wait_for("the job's pods to go", lambda: not node.get(
         "pods", "-n", "default", "-l", "hvdk8s.io/job=digits-mlp")["items"], timeout=120)
+
+
+def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
+    """Checkpoints on a node volume (hostPath): a worker pod deleted mid-training kills that mpirun; the
+    operator recreates the worker, the launcher (restartPolicy OnFailure) runs again, waits for both
+    workers, and the ranks resume from the newest checkpoint and finish; the MPIJob Succeeds."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ckpt.chmod(0o777)  # the ranks run as uid 1000; hostPath volumes keep the host's ownership
+    job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
+    job["name"] = "digits-ckpt"
+    job["training"].update(epochs=12, checkpoint={"dir": "/ckpt/digits"})
+    job["kubernetes"]["volumes"].append({"name": "ckpt", "host_path": str(ckpt), "mount_path": "/ckpt"})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert hvdk8s(node, "launch", str(tmp_path / "job.yaml")).returncode == 0
+    node.wait_for("the second epoch's checkpoint", lambda: (ckpt / "digits" / "epoch-00002.ckpt").exists(),
+                  timeout=300)
+    first_uid = node.get("pod", "-n", "default", "digits-ckpt-worker-1")["metadata"]["uid"]
+    node.kubectl("delete", "pod", "-n", "default", "digits-ckpt-worker-1", "--wait=false")
+
+    def ended() -> str:
+        conditions = node.get("mpijob", "-n", "default", "digits-ckpt")["status"].get("conditions", [])
+        return next((c["type"] for c in conditions if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"), "")
+
+    assert node.wait_for("the MPIJob to end", ended, timeout=420) == "Succeeded", node.diagnose("default")
+    launcher = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt,hvdk8s.io/role=launcher")["items"]
+    assert launcher[0]["status"]["containerStatuses"][0]["restartCount"] >= 1
+    raw = hvdk8s(node, "logs", "--raw", "digits-ckpt").stdout  # the launcher's last run
+    resumed = [line for line in raw.splitlines() if line.startswith("resumed from /ckpt/digits/epoch-")]
+    assert resumed and int(resumed[0].split("(epoch ")[1].split(",")[0]) >= 2, raw
+    assert "done: test accuracy" in raw and "after 12 epochs" in raw, raw
+    second = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt,hvdk8s.io/role=worker")["items"]
+    assert first_uid not in {p["metadata"]["uid"] for p in second}  # worker-1 is a new pod (or already gone)
+    assert hvdk8s(node, "delete", "digits-ckpt").returncode == 0
+    node.wait_for("the job's pods to go", lambda: not node.get(
+        "pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt")["items"], timeout=120)

@@ -153,7 +153,12 @@ setsid socat "TCP-LISTEN:$KUBELET_PORT,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONN
 echo $! >"$N/kubelet-relay.pid"
 bg kubelet-relay-in socat "UNIX-LISTEN:$N/kubelet.sock,fork,mode=600" "TCP:127.0.0.1:$KUBELET_PORT"
 
-# --- CNI: bridge + host-local, and portmap (hostPort) -------------------------------------------------------
+# --- CNI: bridge + host-local, and portmap (hostPort) where iptables is installed --------------------------
+# portmap programs iptables (in the namespace's own netfilter tables) and fails every pod's teardown without
+# the command; hvdk8s's pods use no hostPort, so it is left out on a machine without iptables.
+PORTMAP=""
+command -v iptables >/dev/null && PORTMAP=',
+    {"type": "portmap", "capabilities": {"portMappings": true}}'
 cat >"$N/cni/net.d/10-hvdk8s.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -161,8 +166,7 @@ cat >"$N/cni/net.d/10-hvdk8s.conflist" <<EOF
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "dataDir": "$N/cni/data", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "10.88.0.1"}]],
-              "routes": [{"dst": "0.0.0.0/0"}]}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
+              "routes": [{"dst": "0.0.0.0/0"}]}}$PORTMAP
   ]
 }
 EOF
