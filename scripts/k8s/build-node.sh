@@ -2,10 +2,11 @@
 # Build the real node's binaries once per machine (issue 28, item 4), from the Go module proxy by module path
 # and version, the same way as build-135.sh: kubelet (k8s.io/kubernetes cmd/kubelet), containerd, its runc
 # shim and ctr (github.com/containerd/containerd/v2; ctr imports the images, see build-node-image.sh), runc
-# with seccomp (github.com/opencontainers/runc, cgo against Debian's libseccomp-dev), the CNI plugins bridge, host-local, loopback and portmap
-# (github.com/containernetworking/plugins) and a small CoreDNS (github.com/coredns/coredns: a main of our own
-# with the plugins the node needs). Nothing fetched is kept in the repository: every go.mod (and CoreDNS's
-# main.go) is written into the cache folder; no replace points to a local path.
+# with seccomp (github.com/opencontainers/runc, cgo against Debian's libseccomp-dev), the CNI plugins bridge,
+# host-local, loopback and portmap (github.com/containernetworking/plugins) and a small CoreDNS
+# (github.com/coredns/coredns: a main of our own with the plugins the node needs). Nothing fetched is kept in
+# the repository: every go.mod (and CoreDNS's main.go) is written into the cache folder; no replace points to
+# a local path.
 #
 # No kube-proxy: the only Service IP the pods need is the cluster DNS address, and node.sh gives that address
 # to CoreDNS itself inside the node's network namespace (see node.sh). The job's pods talk to each other by
