@@ -203,7 +203,9 @@ echo $! >"$STATE/scheduler.pid"
 # --- Kueue, as a process on 127.0.0.1 (before the operator, so that no launcher races admission) ---------
 if [ "$KUEUE" = 1 ]; then
   frameworks=batch/job,kubeflow.org/mpijob
-  python3 "$HERE/kueue-manifests-135.py" "$(dirname "$BIN")/kueue" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
+  # PyYAML: the project's venv has it (a bare machine's python3 may not)
+  py=$HERE/../../.venv/bin/python; [ -x "$py" ] || py=python3
+  "$py" "$HERE/kueue-manifests-135.py" "$(dirname "$BIN")/kueue" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
     "$C/ca.crt" "$frameworks" >"$STATE/kueue-manifests.yaml"
   for name in $(kc create -f "$STATE/kueue-manifests.yaml" -o name | grep customresourcedefinition); do
     for _ in $(seq 1 240); do
