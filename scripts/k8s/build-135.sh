@@ -24,6 +24,7 @@
 # $CACHE/go-build, several GB) for a faster rebuild; HVDK8S_NICE (default 19).
 # Prints the binaries' folder on its last line.
 set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 K8S_VERSION=1.35.8          # newest 1.35 the proxy serves here (1.35.9-1.35.11: 403, see docs/k8s-stack.md)
 ETCD_VERSION=3.6.16         # newest 3.6 served (3.6.17+: 403)
@@ -75,26 +76,14 @@ if built; then
   exit 0
 fi
 
-command -v go >/dev/null || die "go $GO_MIN or newer is needed on PATH"
-gov=$(go env GOVERSION | sed 's/^go//')
-[ "$(printf '%s\n%s\n' "$GO_MIN" "$gov" | sort -V | head -n1)" = "$GO_MIN" ] || die "go $gov is older than $GO_MIN"
+# shellcheck source=go-build-lib.sh
+source "$HERE/go-build-lib.sh"
 command -v flock >/dev/null || die "flock is needed"
 mkdir -p "$BIN" "$SRC" "$OUT/crd"
 
 # One module cache and build cache for every piece (they share most of k8s.io/*). `go build -mod=mod` lets it
 # complete the generated go.mod/go.sum from the proxy (checked against sum.golang.org).
-export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/go-build GOTOOLCHAIN=local CGO_ENABLED=0
-export GOFLAGS="-modcacherw -buildvcs=false"
-gobuild() { nice -n "$NICE" go build -mod=mod -trimpath "$@"; }
-timed() {  # name, command...: run, log to $OUT/logs/<name>.log, record the seconds in build-times.txt
-  local name=$1 t0=$SECONDS; shift
-  mkdir -p "$OUT/logs"
-  say "$name: compiling under nice -n $NICE (log: $OUT/logs/$name.log)"
-  "$@" >"$OUT/logs/$name.log" 2>&1 || { tail -n 30 "$OUT/logs/$name.log" >&2; die "$name failed (log: $OUT/logs/$name.log)"; }
-  printf '%s %ss %s\n' "$name" "$((SECONDS - t0))" "$(date -u +%FT%TZ)" >>"$OUT/build-times.txt"
-  say "$name: done in $((SECONDS - t0))s"
-}
-download() { nice -n "$NICE" go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'; }
+go_build_env "$CACHE/gomod" "$CACHE/go-build"
 build_date=$(date -u +%FT%TZ)
 say "building into $OUT with $(go version) (the first build takes long on 2 cores; once per machine)"
 

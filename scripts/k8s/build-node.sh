@@ -22,6 +22,7 @@
 # Prints the node folder on its last line (bin/ and cni/bin/ in it). With --check: builds nothing, and exits 3
 # (saying what is missing) unless everything is built.
 set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 K8S_VERSION=1.35.8          # the control plane's version (build-135.sh)
 CONTAINERD_VERSION=2.4.2    # newest 2.x the proxy serves here
@@ -83,26 +84,14 @@ if built; then
   exit 0
 fi
 
-command -v go >/dev/null || die "go $GO_MIN or newer is needed on PATH"
-gov=$(go env GOVERSION | sed 's/^go//')
-[ "$(printf '%s\n%s\n' "$GO_MIN" "$gov" | sort -V | head -n1)" = "$GO_MIN" ] || die "go $gov is older than $GO_MIN"
+# shellcheck source=go-build-lib.sh
+source "$HERE/go-build-lib.sh"
 command -v gcc >/dev/null && pkg-config --exists libseccomp 2>/dev/null ||
   die "runc needs gcc, pkg-config and libseccomp-dev (apt-get install gcc pkg-config libseccomp-dev)"
 mkdir -p "$BIN" "$CNI_BIN" "$SRC"
 
 # Separate caches from build-135.sh's, so that neither script deletes the other's while it builds.
-export GOMODCACHE=$CACHE/node-gomod GOCACHE=$CACHE/node-go-build GOTOOLCHAIN=local CGO_ENABLED=0
-export GOFLAGS="-modcacherw -buildvcs=false"
-gobuild() { nice -n "$NICE" go build -mod=mod -trimpath "$@"; }
-timed() {  # name, command...: run, log to $OUT/logs/<name>.log, record the seconds in build-times.txt
-  local name=$1 t0=$SECONDS; shift
-  mkdir -p "$OUT/logs"
-  say "$name: compiling under nice -n $NICE (log: $OUT/logs/$name.log)"
-  "$@" >"$OUT/logs/$name.log" 2>&1 || { tail -n 30 "$OUT/logs/$name.log" >&2; die "$name failed (log: $OUT/logs/$name.log)"; }
-  printf '%s %ss %s\n' "$name" "$((SECONDS - t0))" "$(date -u +%FT%TZ)" >>"$OUT/build-times.txt"
-  say "$name: done in $((SECONDS - t0))s"
-}
-download() { nice -n "$NICE" go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'; }
+go_build_env "$CACHE/node-gomod" "$CACHE/node-go-build"
 # A go.mod of our own that requires one module at one version and nothing else: the module's own go.mod
 # decides every dependency (as `go install m@v` would; the proxy refuses some version lists, see
 # docs/k8s-stack.md). Refuses a module whose go.mod replaces anything.
