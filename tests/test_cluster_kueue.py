@@ -115,8 +115,7 @@ def test_kueue_admits_by_gpu_quota_and_the_operator_waits_for_admission(own_clus
     launcher = _launcher_job(own_cluster, namespace, second)
     assert launcher is None or launcher.spec.suspend is True
     assert job_pods(own_cluster, namespace, second, "launcher") == []
-    shown = own_cluster.cli("status", second, "-n", namespace)
-    assert shown.returncode == 0, shown.stderr
+    wait_phase(own_cluster, namespace, second, "Suspended")  # what `hvdk8s status` calls it
 
     # The first job ends: its quota is released and the second is admitted and runs.
     end_launcher(own_cluster, namespace, first, 0)
