@@ -483,6 +483,19 @@ def test_the_launcher_waits_for_every_worker_before_mpirun(case):
     assert mpirun(command)[0] == "mpirun"
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_failed_launcher_is_retried_in_a_new_pod_that_keeps_its_log(case):
+    """restartPolicy Never on the launcher (the operator's default is OnFailure): each retry is a new pod and
+    the Job keeps the failed ones, so the failing rank can still be read from a failed job's launcher log
+    (with OnFailure the container restarts in place and the Job controller deletes the pod at its backoff
+    limit: docs/k8s-stack.md section 6, difference 5). The operator's pod carries it as rendered."""
+    from hvdk8s.mpijob import operator
+
+    job = job_of(case)
+    assert job["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] == "Never"
+    assert operator.pods(job)["Launcher"][0]["spec"]["restartPolicy"] == "Never"
+
+
 def test_kueue_job_is_created_suspended_and_still_waits_for_its_workers():
     job = job_of("gpu-4x8-rdma")
     assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 86400,
