@@ -240,6 +240,8 @@ def test_digits_trains_on_the_real_operator_and_node(node, tmp_path):
     accuracy = float(done[0].split()[3].rstrip("%"))
     assert accuracy > 90, done[0]
     assert "epoch 15/15" in logs.stdout
+    # A CPU job forwards no LD_LIBRARY_PATH, which its image does not set (mpirun warned of it: difference 4).
+    assert "could not find environment variable" not in logs.stdout + logs.stderr, logs.stdout
     followed = hvdk8s(node, "logs", "-f", "digits-mlp", timeout=120)
     assert followed.returncode == 0 and done[0] in followed.stdout, followed.stdout + followed.stderr
     deleted = hvdk8s(node, "delete", "digits-mlp")
