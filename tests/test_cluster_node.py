@@ -122,12 +122,18 @@ def restricted_pod(name: str, image: str, command: list[str], **spec) -> dict:
 
 
 def test_node_is_ready_and_runs_a_restricted_pod(node):
-    """The real node is Ready; a restricted pod (non-root, seccomp RuntimeDefault, no capabilities) runs
+    """The real node is Ready and untainted; a restricted pod (non-root, seccomp RuntimeDefault, no capabilities) runs
     `echo hello` on it and `kubectl logs` returns hello through the API server from the kubelet."""
     ready = node.get("node", node.name)
     assert {c["type"]: c["status"] for c in ready["status"]["conditions"]}["Ready"] == "True"
     assert ready["status"]["nodeInfo"]["kubeletVersion"] == "v1.35.8"
     assert ready["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+    # Schedulable: the not-ready taint was lifted by the cluster's own controller-manager (start-135.sh runs
+    # node-lifecycle-controller even without kwok nodes); node.sh starts no second one (difference 2).
+    assert not ready["spec"].get("taints"), ready["spec"]
+    kcm = (node.state / "controller-manager.pid").read_text().strip()
+    assert "node-lifecycle-controller" in Path(f"/proc/{kcm}/cmdline").read_bytes().decode()
+    assert not list((node.state / "node").glob("*lifecycle*")), sorted(p.name for p in (node.state / "node").iterdir())
     ns = restricted_namespace(node, "hello")
     pod = restricted_pod("hello", node.image, ["echo", "hello"])
     node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
