@@ -176,9 +176,20 @@ def launch_on_cluster(spec, job: str, context: Optional[str], kubeconfig: Option
         _emit({"name": name, "namespace": ns, "context": launcher.conn.context, "created": made,
                "status": final.to_dict()}, output)
     code = 0 if final.succeeded else 1
+    failed = _first_failure(launcher, final)
     if log:
-        log.exit(code, final.phase, final.message)
+        log.exit(code, final.phase, failed.summary() if failed else final.message)
+    elif failed:
+        err.print(failed.summary(), markup=False)
     return code
+
+
+def _first_failure(launcher, final):
+    """For a failed job, the rank that failed first as its launcher's log names it (None when it names none,
+    or the log is gone): what `hvdk8s logs` ends with, so that a wait says the cause without a second command."""
+    from hvdk8s.launch.base import FAILED
+
+    return launcher.first_failure(final.name) if final.phase == FAILED else None
 
 
 def _json_log(name: str, log_format: str, wait: bool, output: Optional[str], dry_run: bool):
@@ -291,10 +302,15 @@ def wait(name: str, timeout: Optional[float], context: Optional[str], namespace:
          kubeconfig: Optional[str], output: Optional[str]) -> None:
     """Wait for a cluster job to end; exit 0 if it succeeded.
 
-    Prints each change of phase; exits 1 if the job failed."""
-    final = _launcher(context, namespace, kubeconfig).wait(name, timeout, on_change=None if output else _say_phase)
+    Prints each change of phase; exits 1 if the job failed, naming the rank that failed first when the
+    launcher's log says it."""
+    launcher = _launcher(context, namespace, kubeconfig)
+    final = launcher.wait(name, timeout, on_change=None if output else _say_phase)
     if output:
         _emit(final.to_dict(), output)
+    failed = _first_failure(launcher, final)
+    if failed:  # the last line, as `hvdk8s logs` ends
+        err.print(failed.summary(), markup=False)
     sys.exit(0 if final.succeeded else 1)
 
 

@@ -1,6 +1,6 @@
 """The environment of every rank. The ranks are started by mpirun on the launcher through ssh into the
 workers, so they do not see the worker pods' environment: every variable they need is set on the
-launcher and forwarded (-x), along with the image's PATH and LD_LIBRARY_PATH."""
+launcher and forwarded (-x), along with the image's PATH, and a GPU job's LD_LIBRARY_PATH."""
 from __future__ import annotations
 
 from hvdk8s import runfiles, tuning
@@ -12,7 +12,11 @@ from . import layout, network
 from .topology import Topology
 
 JOB_FILE = f"{layout.JOB_DIR}/job.yaml"
-FROM_IMAGE = ("PATH", "LD_LIBRARY_PATH")
+# The image's variables the ranks need. LD_LIBRARY_PATH only where GPUs are: CUDA images set it (the driver's
+# libraries, which the NVIDIA runtime mounts), a CPU image does not, and mpirun begins the log of every job
+# that forwards an unset variable with `Warning: could not find environment variable "LD_LIBRARY_PATH"`. A
+# CPU job whose image needs it sets it in kubernetes.env (forwarded as all of that is).
+FROM_IMAGE, FROM_GPU_IMAGE = ("PATH",), ("LD_LIBRARY_PATH",)
 
 
 def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
@@ -37,5 +41,6 @@ def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
 
 
 def forwarded(spec: JobSpec, topo: Topology) -> list[str]:
-    """Names mpirun forwards to every rank (-x)."""
-    return [*FROM_IMAGE, *sorted(rank_env(spec, topo)), *sorted(spec.kubernetes.secret_env)]
+    """Names mpirun forwards to every rank (-x), each once."""
+    image = FROM_IMAGE + (FROM_GPU_IMAGE if topo.gpus_per_worker else ())
+    return list(dict.fromkeys([*image, *sorted(rank_env(spec, topo)), *sorted(spec.kubernetes.secret_env)]))

@@ -69,8 +69,11 @@ def mpijob(spec: JobSpec) -> dict[str, Any]:
     if k8s.queue:
         metadata["labels"]["kueue.x-k8s.io/queue-name"] = k8s.queue
     metadata["annotations"] = {POD_SECURITY_ANNOTATION: podsecurity.job_level(spec)}
+    # Never: each retry of a failed launcher is a new pod, and the Job keeps the failed ones, so their logs (what
+    # `hvdk8s logs` and `wait` read the failing rank from) outlive the job; OnFailure restarts the container in
+    # place, and the Job controller deletes that pod, log and all, when it gives up.
     replicas: dict[str, Any] = {
-        "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher_template(spec, topo)}}
+        "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher_template(spec, topo)}}
     if not k8s.run_launcher_as_worker:  # the operator's runLauncherAsWorker jobs may have no Worker at all
         replicas["Worker"] = {"replicas": topo.workers, "restartPolicy": "OnFailure",
                               "template": worker_template(spec, topo)}

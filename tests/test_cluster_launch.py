@@ -112,31 +112,51 @@ def test_status_and_wait_follow_created_running_succeeded(own_cluster, job, name
     assert final["phase"] == "Succeeded" and final["replicaStatuses"]["Launcher"]["succeeded"] == 1
 
 
+# A launcher's log in which rank 1 raised (mpirun tags each rank's lines), and the line hvdk8s names it by.
+FAILED_LOG = ["[1,1]<stderr>:Traceback (most recent call last):",
+              '[1,1]<stderr>:  File "/etc/hvdk8s/train.py", line 7, in <module>',
+              "[1,1]<stderr>:RuntimeError: boom on rank 1",
+              "mpirun detected that one or more processes exited with non-zero status"]
+FAILED_FIRST = "rank 1 failed first: RuntimeError: boom on rank 1 (train.py:7)"
+
+
 def test_wait_exits_1_with_the_operators_message_when_the_job_failed(own_cluster, job_file, namespace):
+    """...and ends naming the rank that failed first, read from the failed launcher pod's log (the Job keeps
+    the pod: restartPolicy Never)."""
     name = unique("digits")
     path = job_file({"name": name, "kubernetes": {"namespace": namespace, "backoff_limit": 0}})
     assert own_cluster.cli("launch", path).returncode == 0
-    end_launcher(own_cluster, namespace, name, 1)
+    end_launcher(own_cluster, namespace, name, 1, FAILED_LOG)
     run = own_cluster.cli("wait", name, "-n", namespace, "-o", "yaml", "--timeout", "300s")
     assert run.returncode == 1, run.stderr
     final = yaml.safe_load(run.stdout)
     assert final["phase"] == "Failed" and final["replicaStatuses"]["Launcher"]["failed"] == 1
+    assert run.stderr.splitlines() == [FAILED_FIRST], run.stderr  # -o: the document on stdout, the cause on stderr
     job = _objects(own_cluster, namespace, name)[0]
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     status = own_cluster.cli("status", name, "-n", namespace)
     assert f"phase:      Failed: {failed['message']}" in status.stdout, (status.stdout, failed)
+    again = own_cluster.cli("wait", name, "-n", namespace)  # a job that has ended: said at once
+    phase, cause = again.stderr.splitlines()[-2:]
+    assert again.returncode == 1 and phase.startswith(f"mpijob/{name}: Failed (") and cause == FAILED_FIRST, \
+        again.stderr
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed"])
 def test_launch_wait_exits_as_the_job_ended(own_cluster, job_file, namespace, outcome):
     name = unique("digits")
     path = job_file({"name": name, "kubernetes": {"namespace": namespace, "backoff_limit": 0}})
-    ender = threading.Thread(target=end_launcher, args=(own_cluster, namespace, name, 0 if outcome == "succeeded" else 1))
+    code, log = (0, ["done"]) if outcome == "succeeded" else (1, FAILED_LOG)
+    ender = threading.Thread(target=end_launcher, args=(own_cluster, namespace, name, code, log))
     ender.start()
     run = own_cluster.cli("launch", path, "--wait", "--timeout", "300s", timeout=600)
     ender.join()
-    assert run.returncode == (0 if outcome == "succeeded" else 1), run.stdout + run.stderr
-    assert f"mpijob/{name}: {'Succeeded' if outcome == 'succeeded' else 'Failed'}" in run.stderr
+    assert run.returncode == code, run.stdout + run.stderr
+    last = run.stderr.splitlines()[-1]
+    if outcome == "succeeded":
+        assert last.startswith(f"mpijob/{name}: Succeeded") and "failed first" not in run.stderr, run.stderr
+    else:  # the cause, as `hvdk8s logs` ends, below the phase
+        assert f"mpijob/{name}: Failed" in run.stderr and last == FAILED_FIRST, run.stderr
 
 
 NOWHERE = {"hvdk8s.test/no-such-node": "true"}  # a node selector no node matches: the workers stay Pending

@@ -122,12 +122,18 @@ def restricted_pod(name: str, image: str, command: list[str], **spec) -> dict:
 
 
 def test_node_is_ready_and_runs_a_restricted_pod(node):
-    """The real node is Ready; a restricted pod (non-root, seccomp RuntimeDefault, no capabilities) runs
+    """The real node is Ready and untainted; a restricted pod (non-root, seccomp RuntimeDefault, no capabilities) runs
     `echo hello` on it and `kubectl logs` returns hello through the API server from the kubelet."""
     ready = node.get("node", node.name)
     assert {c["type"]: c["status"] for c in ready["status"]["conditions"]}["Ready"] == "True"
     assert ready["status"]["nodeInfo"]["kubeletVersion"] == "v1.35.8"
     assert ready["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+    # Schedulable: the not-ready taint was lifted by the cluster's own controller-manager (start-135.sh runs
+    # node-lifecycle-controller even without kwok nodes); node.sh starts no second one (difference 2).
+    assert not ready["spec"].get("taints"), ready["spec"]
+    kcm = (node.state / "controller-manager.pid").read_text().strip()
+    assert "node-lifecycle-controller" in Path(f"/proc/{kcm}/cmdline").read_bytes().decode()
+    assert not list((node.state / "node").glob("*lifecycle*")), sorted(p.name for p in (node.state / "node").iterdir())
     ns = restricted_namespace(node, "hello")
     pod = restricted_pod("hello", node.image, ["echo", "hello"])
     node.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
@@ -240,6 +246,8 @@ def test_digits_trains_on_the_real_operator_and_node(node, tmp_path):
     accuracy = float(done[0].split()[3].rstrip("%"))
     assert accuracy > 90, done[0]
     assert "epoch 15/15" in logs.stdout
+    # A CPU job forwards no LD_LIBRARY_PATH, which its image does not set (mpirun warned of it: difference 4).
+    assert "could not find environment variable" not in logs.stdout + logs.stderr, logs.stdout
     followed = hvdk8s(node, "logs", "-f", "digits-mlp", timeout=120)
     assert followed.returncode == 0 and done[0] in followed.stdout, followed.stdout + followed.stderr
     deleted = hvdk8s(node, "delete", "digits-mlp")
@@ -260,12 +268,13 @@ hvd.allreduce(torch.zeros(1))
 
 
 def test_a_failing_rank_fails_the_job_and_is_named_by_logs_follow(node, tmp_path):
-    """A script job (`entrypoint`, carried in the job's ConfigMap) whose rank 1 raises: `hvdk8s logs -f`,
-    following the launcher through the real kubelet from the start, ends with exit 1 and names rank 1, its
-    exception and the script's line; the operator marks the MPIJob Failed; `kubectl delete mpijob` leaves
-    nothing of the job. backoff_limit 0: one launcher attempt (the default 6 retries the launcher container
-    in place, with back-off, for minutes). Afterwards the launcher pod is gone, and `hvdk8s logs` without
-    -f cannot name the rank: docs/k8s-stack.md section 6, difference 5."""
+    """A script job (`entrypoint`, carried in the job's ConfigMap) whose rank 1 raises: `hvdk8s launch --wait`
+    and `hvdk8s logs -f`, following the launcher through the real kubelet from the start, end with exit 1 and
+    name rank 1, its exception and the script's line; the operator marks the MPIJob Failed. Afterwards the
+    failed launcher pod is still there (restartPolicy Never: the Job keeps it; with OnFailure the Job
+    controller deleted it, log and all: docs/k8s-stack.md section 6, difference 5), so `hvdk8s logs` and
+    `hvdk8s wait` name the rank too. `kubectl delete mpijob` leaves nothing of the job. backoff_limit 0: one
+    launcher attempt."""
     (tmp_path / "fail.py").write_text(FAILING_SCRIPT)
     job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
     for field in ("model", "dataset"):
@@ -273,16 +282,31 @@ def test_a_failing_rank_fails_the_job_and_is_named_by_logs_follow(node, tmp_path
     job.update(name="fail-rank", entrypoint={"script": "fail.py"}, training={"epochs": 1})
     job["kubernetes"]["backoff_limit"] = 0
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    launched = hvdk8s(node, "launch", str(tmp_path / "job.yaml"))
-    assert launched.returncode == 0, launched.stderr
-    followed = hvdk8s(node, "logs", "-f", "fail-rank", timeout=300)
-    lines = followed.stderr.strip().splitlines()
+    expected = "rank 1 failed first: RuntimeError: boom on rank 1 (fail.py:7)"
+    waiting = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--wait", "--timeout", "5m",
+                                str(tmp_path / "job.yaml")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT, env={**os.environ, "KUBECONFIG": str(node.kubeconfig)})
+    try:
+        node.wait_for("the MPIJob", lambda: node.kubectl("get", "mpijob", "-n", "default", "fail-rank",
+                                                         check=False).returncode == 0 or waiting.poll() is not None)
+        followed = hvdk8s(node, "logs", "-f", "fail-rank", timeout=300)
+        out, errors = waiting.communicate(timeout=300)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1 and errors.strip().splitlines()[-1] == expected, out + errors
+    assert "mpijob/fail-rank: Failed" in errors, errors
     assert followed.returncode == 1, followed.stdout + followed.stderr
-    assert lines[-1] == "rank 1 failed first: RuntimeError: boom on rank 1 (fail.py:7)", followed.stderr
+    assert followed.stderr.strip().splitlines()[-1] == expected, followed.stderr
     conditions = node.wait_for("the MPIJob's Failed condition", lambda: {
         c["type"]: c["status"] for c in node.get("mpijob", "-n", "default", "fail-rank")["status"].get("conditions", [])
     }.get("Failed") == "True")
     assert conditions
+    launchers = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=fail-rank,hvdk8s.io/role=launcher")["items"]
+    assert [p["status"]["phase"] for p in launchers] == ["Failed"], node.diagnose("default")
+    after = hvdk8s(node, "logs", "fail-rank")  # read after the end, from the kept pod
+    assert after.returncode == 0 and after.stderr.strip().splitlines()[-1] == expected, after.stdout + after.stderr
+    waited = hvdk8s(node, "wait", "fail-rank")
+    assert waited.returncode == 1 and waited.stderr.strip().splitlines()[-1] == expected, waited.stderr
     # `kubectl delete mpijob` alone cleans up: the garbage collector removes what the operator made (launcher
     # Job, pods, Service, SSH Secret, hostfile ConfigMap) and hvdk8s's job ConfigMap (owned by the MPIJob).
     node.kubectl("delete", "mpijob", "-n", "default", "fail-rank")
@@ -346,8 +370,9 @@ def test_digits_through_kueue_on_the_real_node(node, tmp_path):
 
 def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
     """Checkpoints on a node volume (hostPath): a worker pod deleted mid-training kills that mpirun; the
-    operator recreates the worker, the launcher (restartPolicy OnFailure) runs again, waits for both
-    workers, and the ranks resume from the newest checkpoint and finish; the MPIJob Succeeds."""
+    operator recreates the worker, the launcher Job retries in a new pod (restartPolicy Never; the failed
+    one stays), which waits for both workers, and the ranks resume from the newest checkpoint and finish;
+    the MPIJob Succeeds."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     ckpt.chmod(0o777)  # the ranks run as uid 1000; hostPath volumes keep the host's ownership
@@ -367,9 +392,11 @@ def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
         return next((c["type"] for c in conditions if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"), "")
 
     assert node.wait_for("the MPIJob to end", ended, timeout=420) == "Succeeded", node.diagnose("default")
-    launcher = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt,hvdk8s.io/role=launcher")["items"]
-    assert launcher[0]["status"]["containerStatuses"][0]["restartCount"] >= 1
-    raw = hvdk8s(node, "logs", "--raw", "digits-ckpt").stdout  # the launcher's last run
+    launchers = sorted(node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt,hvdk8s.io/role=launcher")
+                       ["items"], key=lambda p: p["metadata"]["creationTimestamp"])
+    phases = [p["status"]["phase"] for p in launchers]
+    assert len(phases) >= 2 and set(phases[:-1]) == {"Failed"} and phases[-1] == "Succeeded", phases
+    raw = hvdk8s(node, "logs", "--raw", "digits-ckpt").stdout  # the launcher's last run (the newest pod)
     resumed = [line for line in raw.splitlines() if line.startswith("resumed from /ckpt/digits/epoch-")]
     assert resumed and int(resumed[0].split("(epoch ")[1].split(",")[0]) >= 2, raw
     assert "done: test accuracy" in raw and "after 12 epochs" in raw, raw

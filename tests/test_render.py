@@ -148,6 +148,26 @@ def test_cpu_job_uses_ranks_per_worker_and_no_gpu_or_nccl():
     assert "preferredDuringSchedulingIgnoredDuringExecution" in affinity
 
 
+def forwarded_names(job) -> list:
+    cmd = mpirun(containers(job, "Launcher")[0]["command"])
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ld_library_path_is_forwarded_where_the_image_sets_it(case):
+    """GPU jobs forward the CUDA image's LD_LIBRARY_PATH; a CPU job's image sets none, and mpirun would begin
+    its log with `Warning: could not find environment variable "LD_LIBRARY_PATH"` (docs/k8s-stack.md section
+    6, difference 4). A CPU job that sets it in kubernetes.env forwards it, once."""
+    job = job_of(case)
+    names = forwarded_names(job)
+    gpus = "nvidia.com/gpu" in containers(job, "Launcher" if case == "single-node" else "Worker")[0]["resources"]["limits"]
+    assert names[0] == "PATH" and ("LD_LIBRARY_PATH" in names) == gpus, names
+    assert len(names) == len(set(names)), names
+    if not gpus:
+        names = forwarded_names(job_of(case, "kubernetes.env={LD_LIBRARY_PATH: /opt/lib}"))
+        assert names.count("LD_LIBRARY_PATH") == 1, names
+
+
 def test_workers_beyond_32_bits_are_a_field_error_at_validate(tmp_path):
     problems = field_problems("cpu", f"resources.workers={2**31}")
     assert list(problems) == ["resources.workers"] and "2147483647" in problems["resources.workers"]
@@ -481,6 +501,19 @@ def test_the_launcher_waits_for_every_worker_before_mpirun(case):
     assert command[:len(WAIT)] == WAIT
     assert command[command.index("--timeout") + 1] == str(spec.kubernetes.worker_wait_seconds)
     assert mpirun(command)[0] == "mpirun"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_failed_launcher_is_retried_in_a_new_pod_that_keeps_its_log(case):
+    """restartPolicy Never on the launcher (the operator's default is OnFailure): each retry is a new pod and
+    the Job keeps the failed ones, so the failing rank can still be read from a failed job's launcher log
+    (with OnFailure the container restarts in place and the Job controller deletes the pod at its backoff
+    limit: docs/k8s-stack.md section 6, difference 5). The operator's pod carries it as rendered."""
+    from hvdk8s.mpijob import operator
+
+    job = job_of(case)
+    assert job["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] == "Never"
+    assert operator.pods(job)["Launcher"][0]["spec"]["restartPolicy"] == "Never"
 
 
 def test_kueue_job_is_created_suspended_and_still_waits_for_its_workers():

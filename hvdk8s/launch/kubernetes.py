@@ -396,6 +396,18 @@ class KubernetesLauncher:
                 followed.add(_run_key(pod))
                 yield from self._pod_log(pod, follow=True)
 
+    def first_failure(self, name: str):
+        """The rank that failed first (`hvdk8s.failures.Failure`) as the log of the job's newest launcher run
+        says it; None when it names none or cannot be read (no launcher ever started, or its pod is gone)."""
+        from hvdk8s.launch.logview import first_failure
+
+        try:
+            with self._errors():
+                pod = self._launcher_pod(name)
+                return None if pod is None else first_failure(self._pod_log(pod, follow=False))
+        except ClusterError:
+            return None
+
     def _launcher_pods(self, name: str) -> list:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=LAUNCHER_SELECTOR.format(name=name),
                                              _request_timeout=TIMEOUT).items

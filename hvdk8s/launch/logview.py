@@ -81,6 +81,14 @@ def show(lines: Iterable[str], console) -> Optional[failures.Failure]:
     return draw(lines, _ProgressView(console))
 
 
+def first_failure(lines: Iterable[str]) -> Optional[failures.Failure]:
+    """The rank that failed first, as a log says it (nothing is drawn)."""
+    first = failures.FirstFailure()
+    for line in lines:
+        first.feed(line, event_of(line))
+    return first.first()
+
+
 def draw(lines: Iterable[str], view) -> Optional[failures.Failure]:
     """Each line of a log to `view`: rank 0's events to `show`, every other line to `passthrough`
     (the progress view, or `hvdk8s.logformat.JsonLog`). Returns the rank that failed first, if any did."""

@@ -11,9 +11,8 @@
 #
 #   containerd 2 (CRI, overlayfs, runc with seccomp, the cgroupfs driver on this kernel's cgroup v1),
 #   kubelet 1.35 (failCgroupV1: false), the CNI bridge (cni0, 10.88.0.0/16, pods' default gateway
-#   10.88.0.1), CoreDNS (kubernetes plugin) on the cluster DNS address 10.96.0.10 and a second
-#   kube-controller-manager that runs node-lifecycle-controller only (it lifts the not-ready taint the API
-#   server puts on every new Node; start-135.sh runs that controller only with kwok nodes).
+#   10.88.0.1) and CoreDNS (kubernetes plugin) on the cluster DNS address 10.96.0.10. The not-ready taint
+#   the API server puts on every new Node is lifted by start-135.sh's node-lifecycle-controller.
 #
 # Pod traffic never leaves the machine: the namespace's only interfaces are lo and the pods' bridge, with no
 # route out. The host side only gets two listeners on 127.0.0.1 (socat): the API server's port is relayed
@@ -57,7 +56,7 @@ stop() {
   # (the API objects stay, as with a lost node): the processes in the kubelet's cgroups (kubepods, cgroup
   # v1, cgroupfs driver) and the runc shims of this node's containerd (found by its socket's path).
   local entry name binary pid p
-  for entry in kubelet:/kubelet pods: shims: node-lifecycle:/kube-controller-manager coredns:/coredns \
+  for entry in kubelet:/kubelet pods: shims: coredns:/coredns \
       containerd:/containerd kubelet-relay-in:socat kubelet-relay:socat api-relay-in:socat api-relay:socat \
       holder:sleep; do
     name=${entry%%:*} binary=${entry#*:}
@@ -105,8 +104,12 @@ esac
 . "$STATE/ports"
 command -v socat >/dev/null || die "socat is needed (apt-get install socat)"
 for n in holder containerd kubelet coredns; do alive "$n" && die "$STATE already has a node: node.sh $STATE stop first"; done
+# The cluster's controller-manager lifts the node's not-ready taint (a cluster started before start-135.sh
+# always ran node-lifecycle-controller would leave the node unschedulable).
+tr '\0' ' ' <"/proc/$(cat "$STATE/controller-manager.pid" 2>/dev/null || echo 0)/cmdline" 2>/dev/null |
+  grep -q 'node-lifecycle-controller' ||
+  die "the cluster's kube-controller-manager runs no node-lifecycle-controller: start it with this checkout's start-135.sh"
 NODE_DIR=$(bash "$HERE/build-node.sh" | tail -n1)
-K8S_BIN=$(bash "$HERE/build-135.sh" | tail -n1)
 mapfile -t IMAGES < <(bash "$HERE/build-node-image.sh")
 BIN=$NODE_DIR/bin CNI_BIN=$NODE_DIR/cni/bin
 PAUSE_IMAGE=$(cat "${IMAGES[0]}.name") NODE_IMAGE=$(cat "${IMAGES[1]}.name")
@@ -266,14 +269,6 @@ say "kubelet $("$BIN/kubelet" --version) on 127.0.0.1:$KUBELET_PORT (in the name
 bg kubelet "$BIN/kubelet" --config "$N/kubelet.yaml" --kubeconfig "$STATE/kubeconfig" --root-dir "$N/kubelet" \
   --hostname-override "$NODE_NAME" --v 2
 
-# --- the node-lifecycle controller (see the top) ----------------------------------------------------------
-NLC_PORT=$(free_port)
-setsid "$K8S_BIN/kube-controller-manager" --controllers node-lifecycle-controller \
-  --kubeconfig "$STATE/kubeconfig" --leader-elect=false --use-service-account-credentials=false \
-  --bind-address 127.0.0.1 --secure-port "$NLC_PORT" --cert-dir "$N/node-lifecycle-certs" \
-  --profiling=false >"$N/node-lifecycle.log" 2>&1 </dev/null &
-echo $! >"$N/node-lifecycle.pid"
-
 # --- CoreDNS on the cluster DNS address, and the kube-dns Service that holds that address ---------------------
 kc apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -308,7 +303,7 @@ bg coredns "$BIN/coredns" -conf "$N/Corefile"
 
 # --- ready: the node Ready and untainted, CoreDNS ready -------------------------------------------------------
 node_ready() {
-  for n in containerd kubelet coredns node-lifecycle; do
+  for n in containerd kubelet coredns; do
     alive "$n" || { tail -n 30 "$N/$n.log" >&2; die "$n exited (log: $N/$n.log)"; }
   done
   kc get node "$NODE_NAME" --no-headers \

@@ -4,7 +4,7 @@
 #   etcd 3.6; kube-apiserver 1.35 (RBAC, privileged containers allowed as kubeadm allows them, the default
 #   admission plugins with PodSecurity and ServiceAccount
 #   on); kube-controller-manager with the job, garbage-collector, endpointslice, namespace, serviceaccount
-#   and root-ca-certificate-publisher controllers (and node-lifecycle with nodes); kube-scheduler; the MPIJob CRD from the operator's
+#   root-ca-certificate-publisher and node-lifecycle controllers; kube-scheduler; the MPIJob CRD from the operator's
 #   module; the real MPI operator (v2beta1 controller) out of cluster with --kubeConfig;
 #   with --kueue: Kueue as a process (its webhooks and CRD conversion reached by URL on 127.0.0.1, served
 #   with a certificate the test CA signs; integrations batch/job and kubeflow.org/mpijob; the visibility
@@ -183,11 +183,11 @@ done
 lap crd-established
 
 # --- kube-controller-manager and kube-scheduler ----------------------------------------------------------
-# node-lifecycle-controller only with nodes: it lifts the node.kubernetes.io/not-ready taint that the API
-# server's TaintNodesByCondition admission puts on every new Node (no pod is scheduled until then).
+# node-lifecycle-controller lifts the node.kubernetes.io/not-ready taint that the API server's
+# TaintNodesByCondition admission puts on every new Node (no pod is scheduled until then): always on, for
+# kwok's nodes and for a real one that scripts/k8s/node.sh adds later (idle while there are no nodes).
 KCM_CONTROLLERS=job-controller,garbage-collector-controller,endpointslice-controller,namespace-controller
-KCM_CONTROLLERS+=,serviceaccount-controller,root-ca-certificate-publisher-controller
-[ "$KWOK_NODES" -gt 0 ] && KCM_CONTROLLERS+=,node-lifecycle-controller
+KCM_CONTROLLERS+=,serviceaccount-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller
 say "kube-controller-manager on https://127.0.0.1:$KCM_PORT, kube-scheduler on https://127.0.0.1:$SCHED_PORT"
 setsid "$BIN/kube-controller-manager" \
   --controllers="$KCM_CONTROLLERS" \
