@@ -15,7 +15,7 @@ import json
 import pytest
 import yaml
 
-from cluster_helpers import GROUP, NOBODY, PLURAL, unique
+from cluster_helpers import GROUP, NOBODY, PLURAL, unique, wait_phase
 
 
 def _one_line(run) -> str:
@@ -66,6 +66,9 @@ def test_a_stopped_api_server_is_named_with_its_address(own_cluster, job, namesp
     finally:
         own_cluster.start_apiserver()
     assert (namespace, name) not in _mpijobs(own_cluster)
+    # The cluster works again, the operator included (it lost its leader lease with the API server).
+    assert own_cluster.cli("launch", path).returncode == 0
+    wait_phase(own_cluster, namespace, name, "Running")
 
 
 def test_no_mpijob_crd_says_how_to_install_mpi_operator(swapped_crd, job, namespace):

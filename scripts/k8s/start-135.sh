@@ -72,6 +72,10 @@ wait_apiserver() {  # until /readyz answers ok (the admin token from the token f
   done
   [ "$ready" = 1 ] || { tail -n 20 "$STATE/apiserver.log" >&2; die "kube-apiserver not ready after 120s"; }
 }
+start_operator() {  # in a network namespace of its own (see the top), from STATE/mpi-operator.cmd
+  setsid unshare --net -- bash "$STATE/mpi-operator.cmd" >>"$STATE/mpi-operator.log" 2>&1 </dev/null &
+  echo $! >"$STATE/mpi-operator.pid"
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 if [ "$ONLY_APISERVER" = 1 ]; then  # the same command line as the first start (ports, certificates, etcd)
   alive etcd || die "no etcd runs for $STATE: start the whole cluster"
@@ -81,6 +85,19 @@ if [ "$ONLY_APISERVER" = 1 ]; then  # the same command line as the first start (
   setsid bash "$STATE/apiserver.cmd" >>"$STATE/apiserver.log" 2>&1 </dev/null &
   echo $! >"$STATE/apiserver.pid"
   wait_apiserver
+  # The operator cannot renew its leader lease without the API server and exits (klog.Fatal), so
+  # stop-135.sh --apiserver-only stops it too; it starts again here and leads once the old lease expired.
+  if [ -f "$STATE/mpi-operator.cmd" ] && ! alive mpi-operator; then
+    led=$(grep -c "Leading started" "$STATE/mpi-operator.log" || true)
+    say "mpi-operator again"
+    start_operator
+    for _ in $(seq 1 480); do
+      alive mpi-operator || { tail -n 20 "$STATE/mpi-operator.log" >&2; die "mpi-operator exited"; }
+      [ "$(grep -c "Leading started" "$STATE/mpi-operator.log" || true)" -gt "$led" ] && { again=1; break; }
+      sleep 0.25
+    done
+    [ "${again:-0}" = 1 ] || die "mpi-operator did not lead again within 120s"
+  fi
   echo "$STATE/kubeconfig"
   exit 0
 fi
@@ -256,14 +273,16 @@ if [ "$OPERATOR" = 1 ]; then
   echo $! >"$STATE/api-relay.pid"
   for _ in $(seq 1 40); do [ -S "$STATE/apiserver.sock" ] && break; sleep 0.05; done
   say "mpi-operator $("$BIN/mpi-operator" --version | sed -n 's/^Version: //p') (network namespace of its own)"
-  setsid unshare --net -- bash -c '
-    ip link set lo up
-    socat TCP-LISTEN:'"$API_PORT"',bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:'"$STATE"'/apiserver.sock \
-      >"'"$STATE"'/operator-relay.log" 2>&1 </dev/null &
-    echo $! >"'"$STATE"'/operator-relay.pid"
-    exec "'"$BIN"'/mpi-operator" --kubeConfig "'"$KUBECONFIG_FILE"'" --monitoring-port 0 --threadiness 2 \
-      --kube-api-qps 50 --kube-api-burst 100' >"$STATE/mpi-operator.log" 2>&1 </dev/null &
-  echo $! >"$STATE/mpi-operator.pid"
+  # Kept as a script so that --apiserver-only starts it again (exec: the pid is the operator's own).
+  cat >"$STATE/mpi-operator.cmd" <<OPERATOR
+ip link set lo up
+socat TCP-LISTEN:$API_PORT,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:$STATE/apiserver.sock \\
+  >"$STATE/operator-relay.log" 2>&1 </dev/null &
+echo \$! >"$STATE/operator-relay.pid"
+exec "$BIN/mpi-operator" --kubeConfig "$KUBECONFIG_FILE" --monitoring-port 0 --threadiness 2 \\
+  --kube-api-qps 50 --kube-api-burst 100
+OPERATOR
+  start_operator
 fi
 
 # --- kwok fake nodes ---------------------------------------------------------------------------------------
