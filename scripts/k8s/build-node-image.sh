@@ -14,13 +14,19 @@
 # /opt/hvdk8s-host, with the pyenv Python its bin/python links to at that same path (hvdk8s refuses a mount
 # that would hide the image's /opt/hvdk8s). hvdk8s gives `kubernetes.volumes` to rank pods only, so the
 # launcher (which runs `python -m hvdk8s.launch.workers` and mpirun, nothing else) has no such mount: it
-# uses the image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources
-# (standard library only on that path). /opt/hvdk8s/bin (Dockerfile.gpu's path, first on PATH, also in
+# uses the image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources.
+# The same holds for a cached dataset's init containers (they mount the cache and the dataset's source only,
+# mpijob/cache.py), which run `hvdk8s cache sync`: so that venv also gets the CLI's and the HTTP(S) sync's
+# dependencies (pydantic, PyYAML, click, rich, fsspec, aiohttp and what they require; not s3fs/botocore, so
+# not S3 sources), copied file by file from the host's venv (HVDK8S_VENV, default ROOT/.venv: cp311 wheels,
+# which Debian's Python 3.11 runs), as Dockerfile.gpu's image has hvdk8s installed with its dependencies.
+# /opt/hvdk8s/bin (Dockerfile.gpu's path, first on PATH, also in
 # sshd's SetEnv) holds `python`, `python3` and `hvdk8s`, which run the mounted venv where it is mounted
 # and the image's otherwise. The image's /root is 0711 so that uid 1000 can reach the pyenv mount.
 #
 # Environment: HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s); HVDK8S_DEBIAN_MIRROR (default
-# http://deb.debian.org/debian). Needs root, debootstrap, gcc with static glibc (libc6-dev), tar, python3.
+# http://deb.debian.org/debian); HVDK8S_VENV (default ROOT/.venv). Needs root, debootstrap, gcc with static
+# glibc (libc6-dev), tar, python3.
 # Prints two lines: the pause archive, then the node image archive; each archive's image name is in
 # <archive>.name.
 set -euo pipefail
@@ -125,7 +131,38 @@ fi
 
 # --- the node image: base + what Dockerfile.gpu's CPU target adds ------------------------------------------
 # Stamped by this script, the base and hvdk8s's sources (the launcher's copy must match the ranks' venv).
-istamp=$( (cat "$0"; printf '%s' "$bstamp"; cd "$ROOT" && find hvdk8s -name '*.py' -type f | LC_ALL=C sort | xargs cat) |
+# The sync's dependencies (see the header): the distributions' files as the host's venv has them, relative to
+# its site-packages (first line: their names and versions, part of the stamp).
+VENV=${HVDK8S_VENV:-$ROOT/.venv}
+[ -x "$VENV/bin/python" ] || die "no venv at $VENV (scripts/setup.sh, or set HVDK8S_VENV)"
+SYNC_DEPS=(pydantic PyYAML click rich fsspec aiohttp)
+deps_list=$(mktemp) && trap 'rm -f "$deps_list"' EXIT
+"$VENV/bin/python" - "${SYNC_DEPS[@]}" >"$deps_list" <<'EOF'
+import importlib.metadata as md, re, sys
+try:
+    from packaging.markers import Marker
+except ImportError:
+    from pip._vendor.packaging.markers import Marker
+todo, seen, files = list(sys.argv[1:]), {}, []
+while todo:  # the distributions and what they require (markers evaluated for this Python, no extras)
+    name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+    if name in seen:
+        continue
+    dist = md.distribution(name)
+    seen[name] = dist.version
+    for req in dist.requires or []:
+        spec, _, marker = req.partition(";")
+        if not marker or Marker(marker.strip()).evaluate({"extra": ""}):
+            todo.append(re.match(r"[A-Za-z0-9_.-]+", spec.strip()).group(0))
+    files += [str(f) for f in dist.files or [] if not str(f).startswith("..") and not str(f).endswith(".pyc")]
+print(" ".join(f"{n}=={v}" for n, v in sorted(seen.items())))
+print("\n".join(sorted(set(files))))
+EOF
+VENV_SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# hvdk8s's packages where setup.py installs them (its PACKAGE_DIR): repository folder, place under hvdk8s/.
+HVDK8S_PACKAGES=(hvdk8s:hvdk8s mpijob:hvdk8s/mpijob models:hvdk8s/models data:hvdk8s/data)
+istamp=$( (cat "$0"; printf '%s' "$bstamp"; head -n1 "$deps_list"
+  cd "$ROOT" && for p in "${HVDK8S_PACKAGES[@]}"; do find "${p%%:*}" -name '*.py' -type f; done | LC_ALL=C sort | xargs cat) |
   sha256sum | cut -c1-12)
 IDIR=$CACHE/node-image-$istamp
 if [ ! -s "$IDIR/node.oci.tar" ]; then
@@ -153,15 +190,22 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
   chroot "$r" /bin/sh -ec 'ssh -G worker-0 | grep -qx "port 2222"
     ssh-keygen -q -t ed25519 -N "" -f /tmp/k && /usr/sbin/sshd -t -f /home/mpiuser/.sshd_config -o HostKey=/tmp/k
     rm -f /tmp/k /tmp/k.pub'
-  # The launcher's hvdk8s (see the header): the package's sources, no dependencies.
+  # The launcher's and the sync's hvdk8s (see the header): the packages' sources and the sync's dependencies.
   site=$(echo "$r"/opt/hvdk8s-image/lib/python3*/site-packages)
-  (cd "$ROOT" && find hvdk8s -name '*.py' -type f | tar -cf - -T -) | tar -C "$site" -xf -
+  for p in "${HVDK8S_PACKAGES[@]}"; do
+    mkdir -p "$site/${p#*:}"
+    (cd "$ROOT/${p%%:*}" && find . -name '*.py' -type f | tar -cf - -T -) | tar -C "$site/${p#*:}" -xf -
+  done
+  tail -n +2 "$deps_list" | tar -C "$VENV_SITE" -cf - -T - | tar -C "$site" -xf -
   for cmd in python python3; do
     printf '#!/bin/sh\n# the mounted venv where there is one (rank pods), else the image'"'"'s own (the launcher)\n[ -x /opt/hvdk8s-host/bin/python ] && exec /opt/hvdk8s-host/bin/python "$@"\nexec /opt/hvdk8s-image/bin/python "$@"\n' >"$r/opt/hvdk8s/bin/$cmd"
   done
   printf '#!/bin/sh\nexec /opt/hvdk8s/bin/python -m hvdk8s "$@"\n' >"$r/opt/hvdk8s/bin/hvdk8s"
   chmod 0755 "$r"/opt/hvdk8s/bin/*
   chroot "$r" /opt/hvdk8s/bin/python -c 'import hvdk8s.launch.workers' || die "hvdk8s.launch.workers does not import in the image"
+  chroot "$r" /opt/hvdk8s/bin/hvdk8s cache sync --help >/dev/null || die "hvdk8s cache sync does not run in the image"
+  chroot "$r" /opt/hvdk8s/bin/python -c 'import aiohttp, fsspec.implementations.http' ||
+    die "the image's Python cannot sync from HTTP(S)"
   tar -C "$r" --numeric-owner -cf "$IDIR/layer.tar" .
   oci_archive "$IDIR/layer.tar" "$IDIR/node.oci.tar" "hvdk8s.local/node:$istamp" \
     '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "ExposedPorts": {"2222/tcp": {}}}'
