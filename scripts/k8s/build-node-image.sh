@@ -28,7 +28,9 @@
 # http://deb.debian.org/debian); HVDK8S_VENV (default ROOT/.venv). Needs root, debootstrap, gcc with static
 # glibc (libc6-dev), tar, python3.
 # Prints two lines: the pause archive, then the node image archive; each archive's image name is in
-# <archive>.name.
+# <archive>.name. `--prepare` (scripts/k8s/build.sh, which CI runs before scripts/setup.sh has made the venv):
+# without the venv, build only what needs none (the pause image and the Debian base: the slow, networked
+# part) and exit 0; the node image (seconds) is then built by node.sh's first start.
 set -euo pipefail
 
 SUITE=bookworm
@@ -43,6 +45,8 @@ say() { printf '\033[1m[node-image]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[node-image] error:\033[0m %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot)"
 
+PREPARE=0
+case ${1:-} in --prepare) PREPARE=1 ;; "") ;; *) die "usage: build-node-image.sh [--prepare]" ;; esac
 mkdir -p "$CACHE"
 exec 9>"$CACHE/node-image.lock"
 flock 9
@@ -134,7 +138,10 @@ fi
 # The sync's dependencies (see the header): the distributions' files as the host's venv has them, relative to
 # its site-packages (first line: their names and versions, part of the stamp).
 VENV=${HVDK8S_VENV:-$ROOT/.venv}
-[ -x "$VENV/bin/python" ] || die "no venv at $VENV (scripts/setup.sh, or set HVDK8S_VENV)"
+if [ ! -x "$VENV/bin/python" ]; then
+  [ "$PREPARE" = 1 ] && { say "no venv at $VENV yet: the node image is built at the node's first start"; exit 0; }
+  die "no venv at $VENV (scripts/setup.sh, or set HVDK8S_VENV)"
+fi
 SYNC_DEPS=(pydantic PyYAML click rich fsspec aiohttp)
 deps_list=$(mktemp) && trap 'rm -f "$deps_list"' EXIT
 "$VENV/bin/python" - "${SYNC_DEPS[@]}" >"$deps_list" <<'EOF'
