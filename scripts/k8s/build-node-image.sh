@@ -217,11 +217,16 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
   oci_archive "$IDIR/layer.tar" "$IDIR/node.oci.tar" "hvdk8s.local/node:$istamp" \
     '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "ExposedPorts": {"2222/tcp": {}}}'
   rm -rf "$IDIR/rootfs" "$IDIR/layer.tar"
-  # Older stamps (hvdk8s's sources changed): 234 MB each. A node already running keeps its imported copy.
-  for old in "$CACHE"/node-image-[0-9a-f]*; do
-    [ "$old" != "$IDIR" ] && [ -d "$old" ] && [[ $(basename "$old") =~ ^node-image-[0-9a-f]{12}$ ]] && rm -rf "$old"
-  done
   say "node image: $((SECONDS - t0))s, $(du -h "$IDIR/node.oci.tar" | cut -f1)"
 fi
+# Other stamps (hvdk8s's sources or this script changed): 263 MB each, removed once unused for an hour. Not at
+# once: checkouts of other branches on this machine share the cache, and one's build must not delete the
+# archive another's node.sh is about to import (this run's is touched: it is in use). A node already running
+# keeps its imported copy.
+touch "$IDIR"
+for old in "$CACHE"/node-image-[0-9a-f]*; do
+  [ "$old" != "$IDIR" ] && [ -d "$old" ] && [[ $(basename "$old") =~ ^node-image-[0-9a-f]{12}$ ]] &&
+    [ -n "$(find "$old" -maxdepth 0 -mmin +60)" ] && rm -rf "$old"
+done
 echo "$PDIR/pause.oci.tar"
 echo "$IDIR/node.oci.tar"
