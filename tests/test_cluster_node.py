@@ -8,11 +8,14 @@ first: `bash scripts/k8s/build-node.sh`); the control plane (build-135.sh) is bu
 start-135.sh."""
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -405,3 +408,125 @@ def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
     assert hvdk8s(node, "delete", "digits-ckpt").returncode == 0
     node.wait_for("the job's pods to go", lambda: not node.get(
         "pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt")["items"], timeout=120)
+
+
+class _CountingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a directory and counts the bytes sent per path (`served`, one dict per server)."""
+    served: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def copyfile(self, source, outputfile):
+        data = source.read()
+        outputfile.write(data)
+        self.served[self.path] = self.served.get(self.path, 0) + len(data)
+
+
+@pytest.fixture
+def digits_served_to_the_node(node, tmp_path):
+    """The digits dataset in the shard format with its hvdk8s-manifest.json (`hvdk8s cache manifest`), served
+    over HTTP on the host's 127.0.0.1 and relayed into the node (`node.sh STATE relay PORT`): yields the URL
+    the node's pods sync from, the served directory and the bytes served per path."""
+    from hvdk8s.data import cache
+    from hvdk8s.data.datasets import digits, train_test_split
+    from hvdk8s.data.shards import write_shards
+
+    root = tmp_path / "served"
+    train, test = train_test_split(digits(), 0.2)
+    for split, ds in (("train", train), ("test", test)):
+        write_shards(root / split, {"x": ds.x, "y": ds.y}, samples_per_shard=100, info=ds.info)
+    cache.write_manifest(root)
+    handler = type("Handler", (_CountingHandler,), {"served": {}})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        relayed = _sh(K8S / "node.sh", node.state, "relay", server.server_address[1], timeout=60)
+        assert relayed.returncode == 0, relayed.stderr
+        address = relayed.stdout.strip().splitlines()[-1]
+        assert address == f"10.88.0.1:{server.server_address[1]}", relayed.stdout
+        # On the host the port has the server's loopback listener only (the relay's TCP end is in the node).
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{server.server_address[1]}"], capture_output=True,
+                                   text=True, check=True).stdout.split("\n")
+        assert [line.split()[3] for line in listening if line.strip()] == [f"127.0.0.1:{server.server_address[1]}"]
+        yield f"http://{address}/hvdk8s-manifest.json", root, handler.served
+    finally:
+        server.shutdown()
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits_served_to_the_node):
+    """A job whose dataset is an http:// source (node-cached): each worker's init containers (rendered by
+    hvdk8s: chown with CAP_CHOWN, then `hvdk8s cache sync` as uid 1000 with the image's own Python) sync it
+    onto the node's hostPath `<cache_dir>/default`, from a server on the host's loopback reached through
+    node.sh's relay; the ranks train from the node's copy to the example's accuracy. Both workers share the
+    node, so the dataset is fetched once. Afterwards the hostPath holds the complete, verified copy (its
+    manifest, every file's sha256 and bytes equal to the source's). A second job on the same node reuses it:
+    its sync finds every file in place (last-sync.json: nothing missed, 0 bytes copied), the manifest is
+    the first sync's, last-used moves on, and the server sends no data file again. On the host the relay
+    adds no TCP listener: the served port has only the server's on 127.0.0.1."""
+    from hvdk8s.data import cache
+
+    url, source, served = digits_served_to_the_node
+    cache_dir = tmp_path / "node-cache"  # kubernetes.cache_dir: the node's hostPath is <cache_dir>/default
+    job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
+    job.update(name="digits-cached", dataset={"path": url, "version": "v1"})
+    job["kubernetes"]["cache_dir"] = str(cache_dir)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+
+    def run(name: str, epochs: int) -> float:
+        job["name"] = name
+        job["training"]["epochs"] = epochs
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
+        launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", str(tmp_path / f"{name}.yaml"))
+        assert launched.returncode == 0, launched.stdout + launched.stderr + node.diagnose("default")
+        assert f"mpijob/{name}: Succeeded" in launched.stderr, launched.stderr
+        logs = hvdk8s(node, "logs", name)
+        done = [line for line in logs.stdout.splitlines() if line.startswith("done: test accuracy")]
+        assert done, logs.stdout + logs.stderr
+        assert hvdk8s(node, "delete", name).returncode == 0
+        node.wait_for("the job's pods to go", lambda: not node.get(
+            "pods", "-n", "default", "-l", f"hvdk8s.io/job={name}")["items"], timeout=120)
+        return float(done[0].split()[3].rstrip("%"))
+
+    def data_served() -> dict:
+        return {path: n for path, n in served.items() if not path.endswith("hvdk8s-manifest.json")}
+
+    assert run("digits-cached", 15) > 90  # the example's 15 epochs
+    # The node's cache: <cache_dir>/<namespace>/<key>/, complete (manifest.json written last) and verified.
+    node_cache = cache_dir / "default"
+    local = cache.cached_path(url, node_cache, "v1")
+    assert local is not None, sorted(str(p) for p in node_cache.rglob("*"))
+    dataset = local.parent
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    source_files = sorted(str(p.relative_to(source)) for p in source.rglob("*")
+                          if p.is_file() and p.name != "hvdk8s-manifest.json")
+    assert sorted(e["path"] for e in manifest["files"]) == source_files
+    for entry in manifest["files"]:
+        copy = local / entry["path"]
+        assert copy.stat().st_size == entry["size"] and _sha256(copy) == entry["sha256"], entry
+        assert copy.read_bytes() == (source / entry["path"]).read_bytes(), entry["path"]
+        assert copy.stat().st_uid == 1000  # written by the sync container as the MPI user
+    assert manifest["source"] == url.rsplit("/", 1)[0] and manifest["source_version"] == "v1", manifest
+    assert not (dataset / "journal.jsonl").exists()  # no unfinished sync left
+    total = sum(e["size"] for e in manifest["files"])
+    # Two workers on one node, one copy: every data file was sent once.
+    assert sum(data_served().values()) == total, (data_served(), total)
+    first = json.loads((dataset / "last-sync.json").read_text())
+    synced_at, manifest_mtime = manifest["synced_at"], (dataset / "manifest.json").stat().st_mtime_ns
+    used = (dataset / "last-used").stat().st_mtime_ns
+
+    served_before = dict(data_served())
+    run("digits-cached-again", 2)  # trains from the node's copy too; 2 epochs are enough to show it
+    again = json.loads((dataset / "last-sync.json").read_text())
+    assert again["files_missed"] == 0 and again["bytes_copied"] == 0, (first, again)
+    assert again["files_hit"] == len(manifest["files"]), again
+    assert json.loads((dataset / "manifest.json").read_text())["synced_at"] == synced_at
+    assert (dataset / "manifest.json").stat().st_mtime_ns == manifest_mtime
+    assert data_served() == served_before, "the second job fetched data files again"
+    assert (dataset / "last-used").stat().st_mtime_ns > used  # the sync recorded the reuse (LRU)
+    assert [d.name for d in node_cache.iterdir() if not d.name.startswith(".")] == [dataset.name]

@@ -14,15 +14,23 @@
 # /opt/hvdk8s-host, with the pyenv Python its bin/python links to at that same path (hvdk8s refuses a mount
 # that would hide the image's /opt/hvdk8s). hvdk8s gives `kubernetes.volumes` to rank pods only, so the
 # launcher (which runs `python -m hvdk8s.launch.workers` and mpirun, nothing else) has no such mount: it
-# uses the image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources
-# (standard library only on that path). /opt/hvdk8s/bin (Dockerfile.gpu's path, first on PATH, also in
+# uses the image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources.
+# The same holds for a cached dataset's init containers (they mount the cache and the dataset's source only,
+# mpijob/cache.py), which run `hvdk8s cache sync`: so that venv also gets the CLI's and the HTTP(S) sync's
+# dependencies (pydantic, PyYAML, click, rich, fsspec, aiohttp and what they require; not s3fs/botocore, so
+# not S3 sources), copied file by file from the host's venv (HVDK8S_VENV, default ROOT/.venv: cp311 wheels,
+# which Debian's Python 3.11 runs), as Dockerfile.gpu's image has hvdk8s installed with its dependencies.
+# /opt/hvdk8s/bin (Dockerfile.gpu's path, first on PATH, also in
 # sshd's SetEnv) holds `python`, `python3` and `hvdk8s`, which run the mounted venv where it is mounted
 # and the image's otherwise. The image's /root is 0711 so that uid 1000 can reach the pyenv mount.
 #
 # Environment: HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s); HVDK8S_DEBIAN_MIRROR (default
-# http://deb.debian.org/debian). Needs root, debootstrap, gcc with static glibc (libc6-dev), tar, python3.
+# http://deb.debian.org/debian); HVDK8S_VENV (default ROOT/.venv). Needs root, debootstrap, gcc with static
+# glibc (libc6-dev), tar, python3.
 # Prints two lines: the pause archive, then the node image archive; each archive's image name is in
-# <archive>.name.
+# <archive>.name. `--prepare` (scripts/k8s/build.sh, which CI runs before scripts/setup.sh has made the venv):
+# without the venv, build only what needs none (the pause image and the Debian base: the slow, networked
+# part) and exit 0; the node image (seconds) is then built by node.sh's first start.
 set -euo pipefail
 
 SUITE=bookworm
@@ -37,6 +45,8 @@ say() { printf '\033[1m[node-image]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[node-image] error:\033[0m %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot)"
 
+PREPARE=0
+case ${1:-} in --prepare) PREPARE=1 ;; "") ;; *) die "usage: build-node-image.sh [--prepare]" ;; esac
 mkdir -p "$CACHE"
 exec 9>"$CACHE/node-image.lock"
 flock 9
@@ -125,7 +135,41 @@ fi
 
 # --- the node image: base + what Dockerfile.gpu's CPU target adds ------------------------------------------
 # Stamped by this script, the base and hvdk8s's sources (the launcher's copy must match the ranks' venv).
-istamp=$( (cat "$0"; printf '%s' "$bstamp"; cd "$ROOT" && find hvdk8s -name '*.py' -type f | LC_ALL=C sort | xargs cat) |
+# The sync's dependencies (see the header): the distributions' files as the host's venv has them, relative to
+# its site-packages (first line: their names and versions, part of the stamp).
+VENV=${HVDK8S_VENV:-$ROOT/.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  [ "$PREPARE" = 1 ] && { say "no venv at $VENV yet: the node image is built at the node's first start"; exit 0; }
+  die "no venv at $VENV (scripts/setup.sh, or set HVDK8S_VENV)"
+fi
+SYNC_DEPS=(pydantic PyYAML click rich fsspec aiohttp)
+deps_list=$(mktemp) && trap 'rm -f "$deps_list"' EXIT
+"$VENV/bin/python" - "${SYNC_DEPS[@]}" >"$deps_list" <<'EOF'
+import importlib.metadata as md, re, sys
+try:
+    from packaging.markers import Marker
+except ImportError:
+    from pip._vendor.packaging.markers import Marker
+todo, seen, files = list(sys.argv[1:]), {}, []
+while todo:  # the distributions and what they require (markers evaluated for this Python, no extras)
+    name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+    if name in seen:
+        continue
+    dist = md.distribution(name)
+    seen[name] = dist.version
+    for req in dist.requires or []:
+        spec, _, marker = req.partition(";")
+        if not marker or Marker(marker.strip()).evaluate({"extra": ""}):
+            todo.append(re.match(r"[A-Za-z0-9_.-]+", spec.strip()).group(0))
+    files += [str(f) for f in dist.files or [] if not str(f).startswith("..") and not str(f).endswith(".pyc")]
+print(" ".join(f"{n}=={v}" for n, v in sorted(seen.items())))
+print("\n".join(sorted(set(files))))
+EOF
+VENV_SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# hvdk8s's packages where setup.py installs them (its PACKAGE_DIR): repository folder, place under hvdk8s/.
+HVDK8S_PACKAGES=(hvdk8s:hvdk8s mpijob:hvdk8s/mpijob models:hvdk8s/models data:hvdk8s/data)
+istamp=$( (cat "$0"; printf '%s' "$bstamp"; head -n1 "$deps_list"
+  cd "$ROOT" && for p in "${HVDK8S_PACKAGES[@]}"; do find "${p%%:*}" -name '*.py' -type f; done | LC_ALL=C sort | xargs cat) |
   sha256sum | cut -c1-12)
 IDIR=$CACHE/node-image-$istamp
 if [ ! -s "$IDIR/node.oci.tar" ]; then
@@ -153,24 +197,36 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
   chroot "$r" /bin/sh -ec 'ssh -G worker-0 | grep -qx "port 2222"
     ssh-keygen -q -t ed25519 -N "" -f /tmp/k && /usr/sbin/sshd -t -f /home/mpiuser/.sshd_config -o HostKey=/tmp/k
     rm -f /tmp/k /tmp/k.pub'
-  # The launcher's hvdk8s (see the header): the package's sources, no dependencies.
+  # The launcher's and the sync's hvdk8s (see the header): the packages' sources and the sync's dependencies.
   site=$(echo "$r"/opt/hvdk8s-image/lib/python3*/site-packages)
-  (cd "$ROOT" && find hvdk8s -name '*.py' -type f | tar -cf - -T -) | tar -C "$site" -xf -
+  for p in "${HVDK8S_PACKAGES[@]}"; do
+    mkdir -p "$site/${p#*:}"
+    (cd "$ROOT/${p%%:*}" && find . -name '*.py' -type f | tar -cf - -T -) | tar -C "$site/${p#*:}" -xf -
+  done
+  tail -n +2 "$deps_list" | tar -C "$VENV_SITE" -cf - -T - | tar -C "$site" -xf -
   for cmd in python python3; do
     printf '#!/bin/sh\n# the mounted venv where there is one (rank pods), else the image'"'"'s own (the launcher)\n[ -x /opt/hvdk8s-host/bin/python ] && exec /opt/hvdk8s-host/bin/python "$@"\nexec /opt/hvdk8s-image/bin/python "$@"\n' >"$r/opt/hvdk8s/bin/$cmd"
   done
   printf '#!/bin/sh\nexec /opt/hvdk8s/bin/python -m hvdk8s "$@"\n' >"$r/opt/hvdk8s/bin/hvdk8s"
   chmod 0755 "$r"/opt/hvdk8s/bin/*
   chroot "$r" /opt/hvdk8s/bin/python -c 'import hvdk8s.launch.workers' || die "hvdk8s.launch.workers does not import in the image"
+  chroot "$r" /opt/hvdk8s/bin/hvdk8s cache sync --help >/dev/null || die "hvdk8s cache sync does not run in the image"
+  chroot "$r" /opt/hvdk8s/bin/python -c 'import aiohttp, fsspec.implementations.http' ||
+    die "the image's Python cannot sync from HTTP(S)"
   tar -C "$r" --numeric-owner -cf "$IDIR/layer.tar" .
   oci_archive "$IDIR/layer.tar" "$IDIR/node.oci.tar" "hvdk8s.local/node:$istamp" \
     '{"Cmd": ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"], "User": "mpiuser", "WorkingDir": "/home/mpiuser", "Env": ["PATH=/opt/hvdk8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "ExposedPorts": {"2222/tcp": {}}}'
   rm -rf "$IDIR/rootfs" "$IDIR/layer.tar"
-  # Older stamps (hvdk8s's sources changed): 234 MB each. A node already running keeps its imported copy.
-  for old in "$CACHE"/node-image-[0-9a-f]*; do
-    [ "$old" != "$IDIR" ] && [ -d "$old" ] && [[ $(basename "$old") =~ ^node-image-[0-9a-f]{12}$ ]] && rm -rf "$old"
-  done
   say "node image: $((SECONDS - t0))s, $(du -h "$IDIR/node.oci.tar" | cut -f1)"
 fi
+# Other stamps (hvdk8s's sources or this script changed): 263 MB each, removed once unused for an hour. Not at
+# once: checkouts of other branches on this machine share the cache, and one's build must not delete the
+# archive another's node.sh is about to import (this run's is touched: it is in use). A node already running
+# keeps its imported copy.
+touch "$IDIR"
+for old in "$CACHE"/node-image-[0-9a-f]*; do
+  [ "$old" != "$IDIR" ] && [ -d "$old" ] && [[ $(basename "$old") =~ ^node-image-[0-9a-f]{12}$ ]] &&
+    [ -n "$(find "$old" -maxdepth 0 -mmin +60)" ] && rm -rf "$old"
+done
 echo "$PDIR/pause.oci.tar"
 echo "$IDIR/node.oci.tar"

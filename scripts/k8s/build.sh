@@ -10,4 +10,4 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bash "$HERE/debian-packages.sh"
 bash "$HERE/build-135.sh" >/dev/null
 bash "$HERE/build-node.sh" >/dev/null
-bash "$HERE/build-node-image.sh" >/dev/null
+bash "$HERE/build-node-image.sh" --prepare >/dev/null  # the node image itself needs the venv (see there)

@@ -4,6 +4,7 @@
 #
 #   scripts/k8s/node.sh STATE_DIR start     # prints the node's name on its last line
 #   scripts/k8s/node.sh STATE_DIR stop
+#   scripts/k8s/node.sh STATE_DIR relay HOST_PORT   # prints the address pods reach it at (10.88.0.1:HOST_PORT)
 #
 # The binaries come from scripts/k8s/build-node.sh, the images from scripts/k8s/build-node-image.sh (both
 # run first: "up to date" once built). Everything of the node runs in one network namespace and one mount
@@ -22,6 +23,13 @@
 # certificate, which start-135.sh signs with STATE_DIR/certs/ca.crt for 127.0.0.1 (--kubelet-certificate-
 # authority). Nothing under the host's /etc, /var or /run is written: every path is in STATE_DIR/node.
 #
+# `relay HOST_PORT` (on a started node) makes a server that listens on the host's 127.0.0.1:HOST_PORT (a test's
+# HTTP or S3 server: a dataset's source) reachable from the node's pods, which have no route out, at
+# 10.88.0.1:HOST_PORT: the pods' gateway (cni0) in the node's namespace. There socat listens on that address
+# and hands each connection through a unix socket (STATE_DIR/node/relay-HOST_PORT.sock, mode 600) to a socat
+# on the host that connects to 127.0.0.1:HOST_PORT. The host gets no new TCP listener at all, and the relay
+# reaches only that one port. `stop` ends the relays with the node.
+#
 # The node's name is 127.0.0.1: the API server reaches kubelets by their InternalIP
 # (--kubelet-preferred-address-types InternalIP), the kubelet refuses a loopback --node-ip ("nodeIP can't
 # be loopback address"), but takes its InternalIP from --hostname-override when that is an IP
@@ -37,7 +45,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 say() { printf '\033[1m[k8s-node]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[k8s-node] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-[ $# -eq 2 ] || die "usage: node.sh STATE_DIR start|stop"
+usage="usage: node.sh STATE_DIR start|stop|relay HOST_PORT"
+[ $# -eq 2 ] || { [ $# -eq 3 ] && [ "$2" = relay ]; } || die "$usage"
 STATE=$(cd "$1" && pwd) || die "no state folder $1 (start the cluster with start-135.sh first)"
 N=$STATE/node
 NODE_NAME=127.0.0.1
@@ -57,7 +66,7 @@ stop() {
   # v1, cgroupfs driver) and the runc shims of this node's containerd (found by its socket's path).
   local entry name binary pid p
   for entry in kubelet:/kubelet pods: shims: coredns:/coredns \
-      containerd:/containerd kubelet-relay-in:socat kubelet-relay:socat api-relay-in:socat api-relay:socat \
+      containerd:/containerd relays: kubelet-relay-in:socat kubelet-relay:socat api-relay-in:socat api-relay:socat \
       holder:sleep; do
     name=${entry%%:*} binary=${entry#*:}
     if [ "$name" = pods ]; then
@@ -65,6 +74,15 @@ stop() {
           /sys/fs/cgroup/pids/"$CGROUP_ROOT"/*/*/cgroup.procs /sys/fs/cgroup/pids/"$CGROUP_ROOT"/*/*/*/cgroup.procs \
           /sys/fs/cgroup/pids/"$CGROUP_ROOT"/*/*/*/*/cgroup.procs 2>/dev/null); do
         kill -KILL "$p" 2>/dev/null || true
+      done
+      continue
+    fi
+    if [ "$name" = relays ]; then  # node.sh STATE relay PORT: relay-PORT-in (in the namespace), relay-PORT
+      for p in "$N"/relay-*.pid; do
+        [ -f "$p" ] || continue
+        pid=$(cat "$p")
+        running "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- socat && kill -TERM "$pid" && say "stopped $(basename "$p" .pid) (pid $pid)"
+        rm -f "$p"
       done
       continue
     fi
@@ -93,10 +111,38 @@ stop() {
   return 0
 }
 
+# The pods' gateway: the node namespace's address on their bridge (cni0), where relays listen.
+GATEWAY=10.88.0.1
+
+relay() {  # HOST_PORT: see the top
+  local port=$1 holder i
+  [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "relay: not a port: $port"
+  alive holder && alive kubelet || die "$STATE has no running node (node.sh $STATE start first)"
+  alive "relay-$port-in" && die "port $port is relayed already"
+  holder=$(cat "$N/holder.pid")
+  rm -f "$N/relay-$port.sock"
+  setsid socat "UNIX-LISTEN:$N/relay-$port.sock,fork,mode=600" "TCP:127.0.0.1:$port" >"$N/relay-$port.log" 2>&1 </dev/null &
+  echo $! >"$N/relay-$port.pid"
+  setsid nsenter --target "$holder" --net --mount -- \
+    socat "TCP-LISTEN:$port,bind=$GATEWAY,fork,reuseaddr" "UNIX-CONNECT:$N/relay-$port.sock" \
+    >"$N/relay-$port-in.log" 2>&1 </dev/null &
+  echo $! >"$N/relay-$port-in.pid"
+  for i in $(seq 1 200); do  # both ends listening (the connection itself is left to the server's client)
+    [ -S "$N/relay-$port.sock" ] &&
+      [ -n "$(nsenter --target "$holder" --net -- ss -Hltn "src $GATEWAY:$port" 2>/dev/null)" ] && break
+    alive "relay-$port" && alive "relay-$port-in" || die "relay of port $port exited (logs: $N/relay-$port*.log)"
+    [ "$i" = 200 ] && die "relay of port $port not listening after 10s"
+    sleep 0.05
+  done
+  say "127.0.0.1:$port here is $GATEWAY:$port for the node's pods"
+  echo "$GATEWAY:$port"
+}
+
 case $2 in
   stop) stop; exit 0 ;;
+  relay) relay "$3"; exit 0 ;;
   start) ;;
-  *) die "usage: node.sh STATE_DIR start|stop" ;;
+  *) die "$usage" ;;
 esac
 
 [ -s "$STATE/kubeconfig" ] && [ -s "$STATE/ports" ] || die "$STATE has no cluster (start-135.sh $STATE first)"
