@@ -347,30 +347,6 @@ spec: {clusterQueue: node}
 """
 
 
-def test_digits_through_kueue_on_the_real_node(node, tmp_path):
-    """The digits job with `kubernetes.queue`: created suspended, admitted by real Kueue (the ClusterQueue's
-    quota is the node's 2 CPUs, which the job's launcher and workers fill), trained on the real node,
-    Succeeded; the Workload ends Admitted and Finished. Under Kueue the operator starts the launcher
-    together with the workers, not after they are Ready (docs/k8s-stack.md section 4, difference 0): the
-    launcher's own wait for the workers' sshd is what keeps mpirun from racing them, and its log says so."""
-    node.kubectl("apply", "-f", "-", input=QUEUES)
-    job = digits_on_the_node(node, tmp_path / "digits.yaml")
-    launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", "--set", "kubernetes.queue=team", str(job))
-    assert launched.returncode == 0, launched.stdout + launched.stderr + node.diagnose("default")
-    assert "mpijob/digits-mlp: Succeeded" in launched.stderr, launched.stderr
-    workloads = node.get("workloads", "-n", "default")["items"]
-    assert len(workloads) == 1
-    conditions = {c["type"]: c["status"] for c in workloads[0]["status"]["conditions"]}
-    assert conditions["Admitted"] == "True" and conditions["Finished"] == "True", conditions
-    raw = hvdk8s(node, "logs", "--raw", "digits-mlp").stdout
-    assert "hvdk8s: waiting up to 900s for 2 worker(s) to answer ssh on port 2222" in raw, raw
-    assert "hvdk8s: all 2 worker(s) answer ssh after " in raw, raw
-    assert "done: test accuracy" in raw, raw
-    assert hvdk8s(node, "delete", "digits-mlp").returncode == 0
-    node.wait_for("the job's pods to go", lambda: not node.get(
-        "pods", "-n", "default", "-l", "hvdk8s.io/job=digits-mlp")["items"], timeout=120)
-
-
 def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
     """Checkpoints on a node volume (hostPath): a worker pod deleted mid-training kills that mpirun; the
     operator recreates the worker, the launcher Job retries in a new pod (restartPolicy Never; the failed
@@ -468,7 +444,8 @@ def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits
     manifest, every file's sha256 and bytes equal to the source's). A second job on the same node reuses it:
     its sync finds every file in place (last-sync.json: nothing missed, 0 bytes copied), the manifest is
     the first sync's, last-used moves on, and the server sends no data file again. On the host the relay
-    adds no TCP listener: the served port has only the server's on 127.0.0.1."""
+    adds no TCP listener: the served port has only the server's on 127.0.0.1. The second job is queued
+    through real Kueue (one training less than a test of its own)."""
     from hvdk8s.data import cache
 
     url, source, served = digits_served_to_the_node
@@ -478,16 +455,24 @@ def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits
     job["kubernetes"]["cache_dir"] = str(cache_dir)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
-    def run(name: str, epochs: int) -> float:
+    def run(name: str, epochs: int, *options: str) -> float:
         job["name"] = name
         job["training"]["epochs"] = epochs
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
-        launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", str(tmp_path / f"{name}.yaml"))
+        launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", *options, str(tmp_path / f"{name}.yaml"))
         assert launched.returncode == 0, launched.stdout + launched.stderr + node.diagnose("default")
         assert f"mpijob/{name}: Succeeded" in launched.stderr, launched.stderr
         logs = hvdk8s(node, "logs", name)
         done = [line for line in logs.stdout.splitlines() if line.startswith("done: test accuracy")]
         assert done, logs.stdout + logs.stderr
+        if options:  # through Kueue: its Workload was admitted and finished; the launcher waited for the workers
+            workloads = node.get("workloads", "-n", "default")["items"]
+            assert len(workloads) == 1
+            conditions = {c["type"]: c["status"] for c in workloads[0]["status"]["conditions"]}
+            assert conditions["Admitted"] == "True" and conditions["Finished"] == "True", conditions
+            raw = hvdk8s(node, "logs", "--raw", name).stdout
+            assert "hvdk8s: waiting up to 900s for 2 worker(s) to answer ssh on port 2222" in raw, raw
+            assert "hvdk8s: all 2 worker(s) answer ssh after " in raw, raw
         assert hvdk8s(node, "delete", name).returncode == 0
         node.wait_for("the job's pods to go", lambda: not node.get(
             "pods", "-n", "default", "-l", f"hvdk8s.io/job={name}")["items"], timeout=120)
@@ -521,7 +506,12 @@ def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits
     used = (dataset / "last-used").stat().st_mtime_ns
 
     served_before = dict(data_served())
-    run("digits-cached-again", 2)  # trains from the node's copy too; 2 epochs are enough to show it
+    # The second job goes through real Kueue (`kubernetes.queue`; the ClusterQueue's quota is the node's 2 CPUs,
+    # which the job fills): created suspended, admitted, trained, Workload Finished. Under Kueue the operator
+    # starts the launcher together with the workers, not after they are Ready (docs/k8s-stack.md section 4,
+    # difference 0): the launcher's own wait for the workers' sshd keeps mpirun from racing them.
+    node.kubectl("apply", "-f", "-", input=QUEUES)
+    run("digits-cached-again", 2, "--set", "kubernetes.queue=team")  # from the node's copy; 2 epochs show it
     again = json.loads((dataset / "last-sync.json").read_text())
     assert again["files_missed"] == 0 and again["bytes_copied"] == 0, (first, again)
     assert again["files_hit"] == len(manifest["files"]), again
