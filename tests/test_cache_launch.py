@@ -1,5 +1,6 @@
 """The cache before launch: `hvdk8s launch --local` syncs a remote dataset into the node-local cache
 before starting the ranks, which train from it; the next launch reuses it without fetching again."""
+import contextlib
 import functools
 import http.server
 import os
@@ -34,9 +35,10 @@ class CountingHandler(http.server.SimpleHTTPRequestHandler):
         self.served[self.path] = self.served.get(self.path, 0) + len(data)
 
 
-@pytest.fixture
-def digits_over_http(tmp_path):
-    root = tmp_path / "served"
+@contextlib.contextmanager
+def serving_digits(root):
+    """The digits dataset in the shard format with its hvdk8s-manifest.json, written to `root` and served
+    over HTTP on 127.0.0.1: yields the port and the bytes served per path."""
     train, test = train_test_split(digits(), 0.2)
     for split, ds in (("train", train), ("test", test)):
         write_shards(root / split, {"x": ds.x, "y": ds.y}, samples_per_shard=100, info=ds.info)  # many small shards mix well
@@ -44,8 +46,16 @@ def digits_over_http(tmp_path):
     handler_cls = type("Handler", (CountingHandler,), {"served": {}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler_cls, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hvdk8s-manifest.json", handler_cls.served
-    server.shutdown()
+    try:
+        yield server.server_address[1], handler_cls.served
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture
+def digits_over_http(tmp_path):
+    with serving_digits(tmp_path / "served") as (port, served):
+        yield f"http://127.0.0.1:{port}/hvdk8s-manifest.json", served
 
 
 def test_launch_syncs_then_trains_from_the_cache_and_reuses_it(digits_over_http, tmp_path):

@@ -8,14 +8,11 @@ first: `bash scripts/k8s/build-node.sh`); the control plane (build-135.sh) is bu
 start-135.sh."""
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -386,48 +383,24 @@ def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
         "pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt")["items"], timeout=120)
 
 
-class _CountingHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves a directory and counts the bytes sent per path (`served`, one dict per server)."""
-    served: dict = {}
-
-    def log_message(self, *args):
-        pass
-
-    def copyfile(self, source, outputfile):
-        data = source.read()
-        outputfile.write(data)
-        self.served[self.path] = self.served.get(self.path, 0) + len(data)
-
-
 @pytest.fixture
 def digits_served_to_the_node(node, tmp_path):
     """The digits dataset in the shard format with its hvdk8s-manifest.json (`hvdk8s cache manifest`), served
     over HTTP on the host's 127.0.0.1 and relayed into the node (`node.sh STATE relay PORT`): yields the URL
     the node's pods sync from, the served directory and the bytes served per path."""
-    from hvdk8s.data import cache
-    from hvdk8s.data.datasets import digits, train_test_split
-    from hvdk8s.data.shards import write_shards
+    from test_cache_launch import serving_digits
 
     root = tmp_path / "served"
-    train, test = train_test_split(digits(), 0.2)
-    for split, ds in (("train", train), ("test", test)):
-        write_shards(root / split, {"x": ds.x, "y": ds.y}, samples_per_shard=100, info=ds.info)
-    cache.write_manifest(root)
-    handler = type("Handler", (_CountingHandler,), {"served": {}})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        relayed = _sh(K8S / "node.sh", node.state, "relay", server.server_address[1], timeout=60)
+    with serving_digits(root) as (port, served):
+        relayed = _sh(K8S / "node.sh", node.state, "relay", port, timeout=60)
         assert relayed.returncode == 0, relayed.stderr
         address = relayed.stdout.strip().splitlines()[-1]
-        assert address == f"10.88.0.1:{server.server_address[1]}", relayed.stdout
+        assert address == f"10.88.0.1:{port}", relayed.stdout
         # On the host the port has the server's loopback listener only (the relay's TCP end is in the node).
-        listening = subprocess.run(["ss", "-Hltn", f"sport = :{server.server_address[1]}"], capture_output=True,
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
                                    text=True, check=True).stdout.split("\n")
-        assert [line.split()[3] for line in listening if line.strip()] == [f"127.0.0.1:{server.server_address[1]}"]
-        yield f"http://{address}/hvdk8s-manifest.json", root, handler.served
-    finally:
-        server.shutdown()
+        assert [line.split()[3] for line in listening if line.strip()] == [f"127.0.0.1:{port}"]
+        yield f"http://{address}/hvdk8s-manifest.json", root, served
 
 
 def _sha256(path: Path) -> str:
