@@ -1,10 +1,12 @@
-"""The machine a report was measured on: CPU, cores, memory and the versions that matter."""
+"""The machine a report was measured on: CPU, cores, memory, the versions that matter, and what was measured:
+the commit (with `+changes` when the work tree differed from it) and the tuning profile hvdk8s's ranks ran with."""
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 
 def _cpu_model() -> str:
@@ -40,8 +42,31 @@ def _mpirun_version() -> str | None:
     return out.splitlines()[0].strip() if out else None
 
 
+def _commit() -> str | None:
+    """The repository commit of this hvdk8s (an installed copy outside a clone has none)."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def _tuning() -> str:
+    """The profile `launch --local` gives the benchmarks' hvdk8s ranks here (hvdk8s/tuning.py)."""
+    from hvdk8s import tuning
+
+    return tuning.resolve("auto", tuning.gpus_visible(os.environ))
+
+
 def describe() -> dict:
     return {
+        "commit": _commit(), "tuning": _tuning(),
         "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
         "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
         "torch": _version("torch"), "tensorflow": _version("tensorflow-cpu") or _version("tensorflow"),

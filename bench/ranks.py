@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hvdk8s import tuning
 from hvdk8s.launch import local, procs
 
 STEP_RANK = "hvdk8s.bench.step_rank"
@@ -42,13 +41,8 @@ def _argv(program: list[str], mode: str, np: int, controller: str = local.DEFAUL
 def rank_env(np: int, extra: Optional[dict], mode: str = "hvdk8s") -> dict:
     """The environment `launch --local` gives ranks; without hvdk8s's tuning for the peers (raw Horovod
     runs with OpenMPI's and Horovod's own defaults, as a user of horovodrun gets them)."""
-    env = local.environment(np)
+    env = local.environment(np, profile="auto" if mode == "hvdk8s" else "none")
     env.pop("HVDK8S_EVENTS", None)
-    if mode != "hvdk8s":
-        for name in (*tuning.DEFAULTS, "LD_PRELOAD"):  # back to what this process was given
-            env.pop(name, None)
-            if name in os.environ:
-                env[name] = os.environ[name]
     for name, value in (extra or {}).items():
         if value is None:
             env.pop(name, None)  # unset: e.g. Horovod's own default instead of hvdk8s's

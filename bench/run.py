@@ -21,6 +21,8 @@ BENCHMARKS = {
     "tf_fit": ("hvdk8s.bench.tf_fit:run", "Keras model.fit through hvdk8s.tensorflow vs plain Keras"),
     "tf_input": ("hvdk8s.bench.tf_input:run", "the TensorFlow input pipeline vs the PyTorch loader"),
     "loader": ("hvdk8s.bench.loader_prefetch:run", "loader prefetch on a shard dataset from disk"),
+    "zero_memory": ("hvdk8s.bench.sharded:run_memory", "sharded optimizer: state and gradient bytes per rank, 1 and 2 ranks"),
+    "zero_step": ("hvdk8s.bench.sharded:run_step", "sharded optimizer: 2-rank step vs unsharded and torch ZeRO"),
 }
 
 

@@ -84,6 +84,8 @@ class Mode:
         else:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", cores)))
             self.rank, self.lib = 0, None
+            if torch.cuda.is_available():  # plain PyTorch on the GPU (bench/gpu_check.py)
+                self.device = torch.device("cuda", 0)
 
     def wrap(self, model, optimizer):
         if self.kind == "hvdk8s":

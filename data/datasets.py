@@ -18,7 +18,7 @@ import numpy as np
 
 from .catalog import BUILTIN, SyntheticImagesArgs, SyntheticTokensArgs
 from .sharding import epoch_rng
-from .shards import ShardedDataset, ShardFormatError
+from .shards import ShardedDataset
 
 # Built-in data is derived from a fixed seed, not the job's: changing the training seed must not
 # change which samples are held out for testing.
@@ -247,14 +247,14 @@ def dataset_root(dataset_spec) -> Path:
     """Where a `path` dataset is read from: the node-local copy when it is cached, else the path itself."""
     if not dataset_spec.cached:
         return Path(dataset_spec.path.removeprefix("file://"))
-    from .cache import cached_path
+    from .cache import CacheError, cached_path
 
     root = cache_root()
     path = cached_path(dataset_spec.path, root, dataset_spec.version)
     if path is None:
-        raise ShardFormatError(f"{dataset_spec.path} is not in the node-local cache {root}: run "
-                               f"`hvdk8s cache sync {dataset_spec.path} {root}` first "
-                               "(hvdk8s launch and the MPIJob's init container do this)")
+        raise CacheError(f"{dataset_spec.path} is not in the node-local cache {root}: run "
+                         f"`hvdk8s cache sync {dataset_spec.path} {root}` first "
+                         "(hvdk8s launch and the MPIJob's init container do this)")
     return path
 
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from hvdk8s.atomic import atomic_write
+from hvdk8s.digest import sha256_file
 from hvdk8s.errors import UserError
 
 FORMAT = "hvdk8s-shards"
@@ -34,14 +35,6 @@ class ShardFormatError(UserError, ValueError):
 
     def __init__(self, message: str):
         super().__init__(message)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_shards(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray], *, samples_per_shard: int,
@@ -59,7 +52,7 @@ def write_shards(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray],
         name = f"shard-{i:05d}.npz"
         with open(out / name, "wb") as f:
             np.savez(f, **{k: a[start:start + samples_per_shard] for k, a in arrays.items()})
-        shards.append({"file": name, "samples": min(samples_per_shard, total - start), "sha256": _sha256(out / name)})
+        shards.append({"file": name, "samples": min(samples_per_shard, total - start), "sha256": sha256_file(out / name)})
     index = {
         "format": FORMAT, "version": VERSION, "num_samples": total,
         "arrays": {k: {"dtype": str(a.dtype), "shape": list(a.shape[1:])} for k, a in arrays.items()},

@@ -36,14 +36,19 @@ def die_with_parent() -> None:
         os._exit(137)
 
 
-def start_horovod(hvd: Any) -> None:
-    """`hvd.init()` (horovod.torch or horovod.tensorflow), with `tuning.single_rank_defaults` put in this
-    process's environment first, where Horovod reads them. Should the launcher's variables have said one
-    rank when there are more (a launcher not in tuning.WORLD_SIZE_VARIABLES), say so: Horovod reads its
-    cycle only at init, and each step would wait for it."""
-    added = tuning.single_rank_defaults(os.environ)
-    os.environ.update(added)
-    hvd.init()
+def start_horovod(hvd: Any, gpus: bool, **init_args: Any) -> None:
+    """`hvd.init(**init_args)` (horovod.torch or horovod.tensorflow), after the tuning profile a launcher did not give
+    this rank (`tuning.in_rank`; `gpus`: whether this rank sees one) is put in this process's environment,
+    where MPI_Init and Horovod read it; rank 0 logs what could not be applied from here. Should the
+    launcher's variables have said one rank when there are more (a launcher not in
+    tuning.WORLD_SIZE_VARIABLES), say so: Horovod reads its cycle only at init, and each step would wait for it."""
+    before = dict(os.environ)
+    notes = tuning.in_rank(os.environ, gpus)
+    hvd.init(**init_args)
+    if hvd.rank() == 0:
+        for line in notes:
+            print(line, file=sys.stderr, flush=True)
+    added = {k: v for k, v in tuning.SINGLE_RANK.items() if k not in before and os.environ.get(k) == v}
     if added and hvd.size() > 1:
         print(f"hvdk8s: started Horovod with {', '.join(f'{k}={v}' for k, v in added.items())} for a single rank, "
               f"but this job has {hvd.size()} ranks: set HOROVOD_CYCLE_TIME (Horovod's default is 1 ms) in the "

@@ -9,8 +9,10 @@ from typing import Optional, Sequence
 
 import click
 from rich.console import Console
+from rich.markup import escape  # paths and messages hold user text: brackets must print as typed
 
 from hvdk8s import __version__, cli_cluster
+from hvdk8s.bench import run as bench_run
 from hvdk8s.errors import UserError
 from hvdk8s.spec import JobFileError, JobSpec, dump_job, load_job
 
@@ -43,8 +45,6 @@ def _output_dir(output_dir: str | None, old_output_dir: str | None, default: str
 
 def _fail(header: str, problems: Sequence[tuple[str, str]]) -> None:
     """Print every problem with its field path, then exit 2 (the user's input is wrong)."""
-    from rich.markup import escape  # paths and messages hold user text: brackets must print as typed
-
     err.print(f"[bold red]error:[/] {escape(header)}", highlight=False)
     for path, msg in problems:
         err.print(f"  [bold]{escape(path or '(top level)')}[/]: {escape(msg)}", highlight=False)
@@ -139,8 +139,6 @@ def validate(job: str, overrides: Sequence[str], show: bool, crd: str | None, cr
 def _check_for_cluster(spec: JobSpec, job: str) -> None:
     """What `render` and `launch` would refuse (the one function they run, `checks.cluster_problems`): an error
     for a job file with cluster settings, a warning for a local one; and what they would note."""
-    from rich.markup import escape
-
     from hvdk8s.mpijob import checks
 
     problems = checks.cluster_problems(spec)
@@ -160,22 +158,28 @@ def _check_for_cluster(spec: JobSpec, job: str) -> None:
 def _mpijob_documents(path: str) -> list | None:
     """The documents of `path` if any of them is an MPIJob (else None: treat it as a job file)."""
     from hvdk8s import safeyaml
+    from hvdk8s.mpijob.api import KIND
     from hvdk8s.mpijob.validate import MAX_YAML_BYTES
 
     try:
         docs = safeyaml.read(path, max_bytes=MAX_YAML_BYTES)  # many MPIJobs in one stream
     except (OSError, safeyaml.YAMLInputError):
         return None  # the job-file loader reports it with its line and column
-    return docs if any(isinstance(d, dict) and d.get("kind") == "MPIJob" for d in docs) else None
+    return docs if any(isinstance(d, dict) and d.get("kind") == KIND for d in docs) else None
 
 
 def _validate_mpijobs(path: str, docs: list, crd: str | None, crd_from_cluster: bool, policies: bool) -> None:
     from hvdk8s.mpijob import validate as mv
 
-    try:
-        schema = mv.load_crd_schema(crd) if crd else mv.crd_schema_from_cluster() if crd_from_cluster else None
-    except (ValueError, RuntimeError) as e:
-        raise UserError(str(e)) from None
+    if crd_from_cluster:
+        from hvdk8s.launch.kubernetes import KubernetesLauncher
+
+        schema = KubernetesLauncher.connect().require_schema()  # the current context's cluster
+    else:
+        try:
+            schema = mv.load_crd_schema(crd) if crd else None
+        except ValueError as e:
+            raise UserError(str(e)) from None
     pods = mv.pod_schema_available()
     problems = mv.validate_documents(docs, schema=schema, pod_schema=pods, policies=policies)
     against = f"CRD {crd}" if crd else "the cluster's CRD" if crd_from_cluster else "hvdk8s's MPIJob rules"
@@ -318,7 +322,7 @@ def render(job: str, output_dir: str | None, old_output_dir: str | None, overrid
     problems = mv.validate_mpijob(renderer.mpijob(spec), pod_schema=mv.pod_schema_available())
     if problems:
         err.print("[bold red]internal error:[/] hvdk8s rendered an MPIJob the operator would reject; "
-                  "please report it:\n" + "\n".join(f"  {p}" for p in problems), highlight=False)
+                  "please report it:\n" + "\n".join(f"  {escape(str(p))}" for p in problems), highlight=False)
         sys.exit(1)
     if output:
         for path in renderer.write_directory(spec, output, files):
@@ -432,9 +436,8 @@ def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
     from hvdk8s.data.cache.store import format_time
 
     if not keys and quota is None:
-        err.print("[bold red]error:[/] name the datasets to evict (KEY ...) or give --quota SIZE "
-                  "(--quota 0 evicts every dataset not in use)")
-        sys.exit(2)
+        raise UserError("name the datasets to evict (KEY ...) or give --quota SIZE (--quota 0 evicts every "
+                        "dataset not in use)")
     removed = dc.evict(dst, keys=list(keys) or None, quota_bytes=quota)
     for key in removed:
         click.echo(f"evicted {key}")
@@ -443,7 +446,7 @@ def cache_evict(dst: str, keys: tuple[str, ...], quota: int | None) -> None:
         until = dc.leased_until(dst, key)
         why = (f"is leased until {format_time(until)} (synced with --lease for a job whose ranks hold it later)"
                if until is not None else "is in use (held by a running job, or being synced)")
-        err.print(f"[yellow]warning:[/] {key} {why}; not evicted", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(key)} {why}; not evicted", highlight=False)
     if kept:
         sys.exit(1)
 
@@ -480,8 +483,7 @@ def cache_manifest(directory: str) -> None:
 @cli.command()
 @click.option("--quick", is_flag=True, help="Small sizes, one repeat: a smoke run in seconds, not a measurement.")
 @click.option("--only", multiple=True, metavar="NAMES",
-              help="Run only these benchmarks (comma-separated or repeated): wrapper, trainer, peers, allreduce, "
-                   "scaling, knobs, tf_fit, tf_input, loader.")
+              help=f"Run only these benchmarks (comma-separated or repeated): {', '.join(bench_run.BENCHMARKS)}.")
 @_output_dir_option("Where results.json, README.md and the plots go (default: bench-results), or the rendered "
                     "MPIJobs with --render.")
 @click.option("--render", "render_job", type=click.Path(dir_okay=False), metavar="JOB",
@@ -495,7 +497,6 @@ def bench(quick: bool, only: Sequence[str], output_dir: str | None, old_output_d
 
     Each result is a ratio against a baseline measured in the same run: the wrapper, the trainer, DDP
     and raw Horovod, allreduce with fp16, scaling, Horovod's knobs, TensorFlow, the input pipelines."""
-    from hvdk8s.bench import run as runner
 
     output = _output_dir(output_dir, old_output_dir, default="bench-results")
 
@@ -510,15 +511,15 @@ def bench(quick: bool, only: Sequence[str], output_dir: str | None, old_output_d
         for path in cluster.render(spec, render_job, output):
             click.echo(str(path))
         return
-    out = runner.prepare_output(output)
+    out = bench_run.prepare_output(output)
     if logs:
         from hvdk8s.bench import cluster, report
 
         report.write(out, cluster.comparisons(cluster.read_logs(list(logs))), {"source": "cluster logs"}, False)
         click.echo(str(out / "README.md"))
         return
-    names = runner.chosen(only)
-    runner.run(names, quick, out, lambda text: err.print(text, highlight=False, markup=False))
+    names = bench_run.chosen(only)
+    bench_run.run(names, quick, out, lambda text: err.print(text, highlight=False, markup=False))
     click.echo(str(out / "README.md"))
 
 

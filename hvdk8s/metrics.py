@@ -126,6 +126,16 @@ class Metrics:
         with self._served_changed:
             self._served_at_flush = self._served
 
+    def await_first_scrape(self, timeout: float) -> bool:
+        """Before training: wait until this rank's zero counts have been scraped, at most `timeout` seconds
+        (`observability.metrics.first_scrape_timeout_seconds`); True if they were. A rate needs a sample
+        before the steps it counts, which a job shorter than a scrape interval would otherwise never
+        give. The node's first rank counts Prometheus's scrapes, the others its reads of them."""
+        if not self.enabled or self.server is None or timeout <= 0:
+            return False
+        with self._served_changed:
+            return self._served_changed.wait_for(lambda: self._served >= 1, timeout)
+
     def linger(self, timeout: float) -> bool:
         """After training: keep serving until this rank's final values have been scraped, at most
         `timeout` seconds (`observability.metrics.final_scrape_timeout_seconds`); True if they were.

@@ -17,7 +17,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from hvdk8s import compression, precision, safeyaml, schedule, suggest
+from hvdk8s import compression, precision, safeyaml, schedule, suggest, tuning
 from hvdk8s._version import __version__
 from hvdk8s.overrides import OverrideError, applied
 from hvdk8s.errors import UserError
@@ -31,6 +31,7 @@ from hvdk8s.mpijob import layout
 Framework = Literal["pytorch", "tensorflow"]
 Precision = Literal[precision.CHOICES]
 Compression = Literal[compression.CHOICES]
+Tuning = Literal[tuning.PROFILES]
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -263,6 +264,16 @@ class TrainingSpec(_Strict):
                                             description="clip the averaged gradients to this global L2 norm")
     elastic: Optional[ElasticSpec] = Field(default=None, description="train on while workers leave and join "
                                                                     "(Horovod elastic, Gloo)")
+    shard_optimizer_state: Literal[0, 1, 2] = Field(
+        default=0, description="0: every rank holds the whole optimizer state; 1: each rank holds 1/N of it "
+                               "(ZeRO stage 1); 2: the gradients too (stage 2). PyTorch")
+
+    @field_validator("shard_optimizer_state", mode="before")
+    @classmethod
+    def _stage_not_boolean(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML's true would pass as 1
+            raise ValueError(f"a stage, 0, 1 or 2, not {str(v).lower()}")
+        return v
 
 
 class RDMASpec(_Strict):
@@ -365,6 +376,11 @@ class ResourcesSpec(_Strict):
     hierarchical_allreduce: bool = Field(
         default=False, description="Horovod's hierarchical allreduce (NCCL in each node, MPI over TCP between "
                                    "nodes): only for multi-node GPU jobs without RDMA, where you measured it helps")
+    tuning: Tuning = Field(
+        default="auto", description="the ranks' tuning profile (hvdk8s/tuning.py): shared-cpu (Open MPI yields when "
+                                    "idle, malloc thresholds, the sleepy negotiation, a single rank's 20 ms cycle), "
+                                    "none, or auto: shared-cpu for CPU jobs and local launches without a GPU, none "
+                                    "for GPU jobs")
 
     @field_validator("gpu_product")
     @classmethod
@@ -454,6 +470,8 @@ class VolumeSpec(_Strict):
                                                          "(ReadWriteMany when several workers share it)")
     nfs: Optional[NFSVolumeSpec] = None
     host_path: Optional[str] = Field(default=None, description="an existing directory on every node the job uses")
+    launcher: bool = Field(default=False, description="also mount it in the launcher pod: software its mpirun or "
+                                                      "(elastic jobs) horovodrun needs from the volume")
 
     @field_validator("name")
     @classmethod
@@ -755,6 +773,11 @@ class MetricsSpec(_Strict):
     pod_monitor: bool = Field(default=False, description="`hvdk8s render` also writes a PodMonitor for the "
                                                          "Prometheus Operator")
     scrape_interval_seconds: int = Field(default=15, ge=1, le=3600, description="the PodMonitor's interval")
+    first_scrape_timeout_seconds: int = Field(
+        default=0, ge=0, le=3600, description="before training, each rank waits until Prometheus has scraped "
+                                              "its zero counts, at most this long (a job shorter than two "
+                                              "scrape intervals otherwise leaves its rates without a "
+                                              "baseline); 0: the ranks start at once")
     final_scrape_timeout_seconds: int = Field(
         default=0, ge=0, le=3600, description="after training, each rank keeps serving until Prometheus has "
                                               "scraped its final values, waiting at most this long (a job "
@@ -949,6 +972,8 @@ def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
         problems.append(("observability.metrics.pod_monitor", "a PodMonitor scrapes the ranks' metrics, which "
                                                               "observability.metrics.enabled: false turns off; "
                                                               "drop one of the two"))
+    if spec.training.shard_optimizer_state and spec.framework != "pytorch":
+        problems.append(("training.shard_optimizer_state", "not yet available for tensorflow (pytorch only); set 0"))
     entry = registry.get(spec.model.name) if spec.model is not None and spec.model.name else None
     if entry is not None:
         try:

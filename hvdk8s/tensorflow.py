@@ -3,7 +3,8 @@
 
 Horovod 0.28.1's own Keras layer (`horovod.tensorflow.keras`, `DistributedGradientTape`) calls
 `Variable.ref()`, which Keras 3 variables lack. This module builds on Horovod's core TensorFlow ops
-only (grouped_allreduce, broadcast, fp16 compression), which work with TF 2.16+ and Keras 3:
+only (grouped_allreduce, broadcast, fp16 compression), which work with TF 2.16+ and Keras 3 (and so
+does hvdk8s.horovod.tensorflow, Horovod's own TF2 API for existing Horovod scripts, built on this module):
 
     import keras, hvdk8s.tensorflow as htf
     htf.init()
@@ -61,7 +62,14 @@ def init(threads_per_rank: Optional[int] = None) -> None:
     """Start Horovod and give this rank its share of the machine: on GPU the device of the local rank
     (with memory growth), on CPU `threads_per_rank` intra-op threads (default: cores / local ranks)."""
     _adapter.die_with_parent()
-    _adapter.start_horovod(hvd)  # a single rank gets a 20 ms cycle: hvdk8s/tuning.py SINGLE_RANK
+    # With the tuning profile a launcher did not give (hvdk8s/tuning.py): it depends on whether a GPU is seen.
+    _adapter.start_horovod(hvd, gpus=bool(tf.config.list_physical_devices("GPU")))
+    share_machine(threads_per_rank)
+
+
+def share_machine(threads_per_rank: Optional[int] = None) -> None:
+    """Give this (started) rank its share of the machine, as `init` does. TensorFlow takes these settings
+    only before its runtime starts (the first tensor): later, it raises RuntimeError."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         gpu = gpus[hvd.local_rank() % len(gpus)]
@@ -105,18 +113,31 @@ def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_
     return _adapter.scaled_learning_rate(base, rule, hvd.size(), backward_passes_per_step)
 
 
-def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: str = "auto", op=None,
-                        **horovod_options: Any) -> list:
+def compressor(compression: Any = "auto"):
+    """Horovod's compressor for `compression`: 'auto', 'fp16', 'none', or a compressor itself
+    (`horovod.tensorflow.Compression.fp16`, or any class with compress/decompress)."""
+    if hasattr(compression, "compress") and hasattr(compression, "decompress"):
+        return compression
+    return _COMPRESSORS[resolve_compression(compression)]
+
+
+def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: Any = "auto", op=None,
+                        sparse_as_dense: bool = True, **horovod_options: Any) -> list:
     """Average gradients over all ranks in one grouped allreduce (None entries pass through).
-    horovod_options (prescale_factor, postscale_factor, process_set) go to hvd.grouped_allreduce."""
-    if _adapter.alone(hvd.size()):  # not elastic: there the size may grow later, and the traced step
-        return list(grads)          # must reduce then
+    compression: as `compressor`. sparse_as_dense=False keeps IndexedSlices (embedding gradients) sparse:
+    Horovod allgathers their rows and indices instead. horovod_options (prescale_factor, postscale_factor,
+    process_set, device_dense, device_sparse) go to hvd.grouped_allreduce; a rank outside `process_set`
+    keeps its own gradients, as Horovod's DistributedGradientTape does."""
+    process_set = horovod_options.get("process_set")
+    if _adapter.alone(hvd.size()) or (process_set is not None and not process_set.included()):
+        return list(grads)  # not elastic: there the size may grow later, and the traced step must reduce then
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return list(grads)
-    dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices (embeddings) -> dense
-    reduced = hvd.grouped_allreduce(dense, op=hvd.Average if op is None else op,
-                                    compression=_COMPRESSORS[resolve_compression(compression)], **horovod_options)
+    tensors = [grads[i] if isinstance(grads[i], tf.IndexedSlices) and not sparse_as_dense
+               else tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices -> dense
+    reduced = hvd.grouped_allreduce(tensors, op=hvd.Average if op is None else op,
+                                    compression=compressor(compression), **horovod_options)
     out = list(grads)
     for i, g in zip(present, reduced):
         out[i] = g
@@ -128,6 +149,43 @@ class _Distributed:
     ranks before the optimizer uses them, i.e. before its clipping, loss-scale check and update."""
 
     _hvdk8s_reduce: dict = {}
+    _hvdk8s_scale_local = True  # a local variable's gradient divided by the ranks' number (Horovod's default)
+    _hvdk8s_local: frozenset = frozenset()  # ids of the variables registered local
+
+    def register_local_var(self, var) -> None:
+        """Horovod's: `var`'s gradient stays this rank's own, not reduced over the ranks (divided by their
+        number, unless the optimizer was made with scale_local_gradients=False)."""
+        # object.__setattr__: Keras's own would track what is set (ids here) as the optimizer's state.
+        object.__setattr__(self, "_hvdk8s_local", self._hvdk8s_local | {id(var)})
+
+    def _hvdk8s_allreduce(self, grads: list, local: Optional[Sequence[bool]] = None) -> list:
+        """GRADS reduced over the ranks, but those LOCAL marks (this rank's own, scaled as Horovod does)."""
+        if not local or not any(local):
+            return allreduce_gradients(grads, **self._hvdk8s_reduce)
+        if len(local) != len(grads):
+            raise ValueError("register_local_var: Keras applied other gradients than it was given (a variable "
+                             "it overwrites with its gradient?); local variables cannot be told apart here")
+        shared = [i for i, own in enumerate(local) if not own]
+        out = list(grads)
+        for i, g in zip(shared, allreduce_gradients([grads[i] for i in shared], **self._hvdk8s_reduce)):
+            out[i] = g
+        if self._hvdk8s_scale_local:
+            process_set = self._hvdk8s_reduce.get("process_set")
+            ranks = hvd.size_op(process_set_id=process_set.process_set_id) if process_set else hvd.size_op()
+            for i, own in enumerate(local):
+                g = out[i]
+                if own and isinstance(g, tf.IndexedSlices):
+                    out[i] = tf.IndexedSlices(g.values / tf.cast(ranks, g.values.dtype), g.indices, g.dense_shape)
+                elif own and g is not None:
+                    out[i] = g / tf.cast(ranks, g.dtype)
+        return out
+
+    def _hvdk8s_local_marks(self, grads, trainable_variables) -> list[bool]:
+        """Which of the gradients Keras keeps (those that are not None, in order) belong to local variables."""
+        if not self._hvdk8s_local:
+            return []
+        variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
+        return [id(v) in self._hvdk8s_local for g, v in zip(grads, variables) if g is not None]
 
 
 class _ReduceBeforeClip(_Distributed):
@@ -138,10 +196,13 @@ class _ReduceBeforeClip(_Distributed):
     before it and are not reduced.)"""
 
     _hvdk8s_in_apply = False
+    _hvdk8s_marks: list = []
 
     def apply(self, grads, trainable_variables=None):
         # Reduce only within this apply (also while model.fit traces it): the base class's apply called
         # directly, `keras.optimizers.SGD.apply(opt, ...)`, stays a local step, as it always was.
+        grads = list(grads)
+        object.__setattr__(self, "_hvdk8s_marks", self._hvdk8s_local_marks(grads, trainable_variables))
         self._hvdk8s_in_apply = True
         try:
             return super().apply(grads, trainable_variables)
@@ -150,7 +211,7 @@ class _ReduceBeforeClip(_Distributed):
 
     def _clip_gradients(self, grads):
         if self._hvdk8s_in_apply:
-            grads = allreduce_gradients(list(grads), **self._hvdk8s_reduce)
+            grads = self._hvdk8s_allreduce(list(grads), self._hvdk8s_marks)
         return super()._clip_gradients(grads)
 
 
@@ -161,12 +222,18 @@ class _ReduceInApply(_Distributed):
     the allreduce that the other ranks wait in (and its accumulation would fall out of step)."""
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply(allreduce_gradients(list(grads), **self._hvdk8s_reduce), trainable_variables)
+        grads = list(grads)
+        marks = self._hvdk8s_local_marks(grads, trainable_variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        reduced = self._hvdk8s_allreduce([grads[i] for i in present], marks)
+        for i, g in zip(present, reduced):
+            grads[i] = g
+        return super().apply(grads, trainable_variables)
 
 
 def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, compression: str = "auto",
                backward_passes_per_step: int = 1, op=None, root_rank: int = 0, broadcast: bool = True,
-               **horovod_options: Any) -> keras.optimizers.Optimizer:
+               shard_optimizer_state: int = 0, **horovod_options: Any) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (same class, settings and state) whose updates use gradients averaged over
     all ranks; if `model` is built, root_rank's model variables and optimizer state are broadcast now
     (broadcast=False: not; elastic training's `ElasticState` syncs the ranks instead).
@@ -174,18 +241,56 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
     compression: 'auto', 'fp16' or 'none'. backward_passes_per_step > 1 accumulates that many batches
     per update (Keras 3's gradient_accumulation_steps). Other keyword arguments (prescale_factor,
     postscale_factor, process_set) go to horovod.tensorflow.grouped_allreduce. A LossScaleOptimizer is
-    distributed as a whole (allreduce before its finiteness check); its inner optimizer stays plain."""
+    distributed as a whole (allreduce before its finiteness check); its inner optimizer stays plain.
+    shard_optimizer_state: 0 only, for now (sharding is in hvdk8s.torch)."""
+    if shard_optimizer_state:
+        raise ValueError("shard_optimizer_state: not yet available in hvdk8s.tensorflow (hvdk8s.torch has it)")
+    dist = distributed_optimizer(optimizer, {"compression": compression, "op": op, **horovod_options},
+                                 backward_passes_per_step, model.trainable_variables)
+    if model.built and broadcast:
+        broadcast_state(model, dist, root_rank)
+    return dist
+
+
+class _MicroBatchIterations:
+    """`iterations` counted in micro-batches under gradient accumulation, as tf.keras 2 optimizers under
+    Horovod's backward_passes_per_step counted it (Keras 3 counts updates): the learning-rate schedules
+    see the same count either way, but Adam's bias correction at the k-th update uses k x steps, not k."""
+
+    @property
+    def iterations(self):
+        return self._iterations
+
+
+def _named_like(cls: type, bases: tuple, attrs: Optional[dict] = None) -> type:
+    """A subclass of `cls` with `bases` first, named and placed as `cls`, so that a saved model names that
+    class and loads anywhere."""
+    return type(cls.__name__, (*bases, cls), {**(attrs or {}), "__module__": cls.__module__,
+                                               "__qualname__": cls.__qualname__})
+
+
+def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, backward_passes_per_step: int = 1,
+                          variables: Optional[Sequence] = None, scale_local_gradients: bool = True,
+                          count_micro_batches: bool = False) -> keras.optimizers.Optimizer:
+    """`distribute`'s copy of `optimizer`, without a model: `reduce` holds allreduce_gradients' keyword
+    arguments. A built optimizer's state is carried over (built for `variables`, default the ones it was
+    built for). scale_local_gradients: whether `register_local_var`'s gradients are divided by the ranks'
+    number, as Horovod's option. count_micro_batches: with backward_passes_per_step > 1, `iterations`
+    counts micro-batches as under Horovod (`_MicroBatchIterations`), not Keras 3's updates."""
     if isinstance(optimizer, _Distributed):
         raise ValueError("optimizer is already distributed")
     lso = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if lso and isinstance(optimizer.inner_optimizer, _Distributed):
         raise ValueError("distribute the LossScaleOptimizer, not its inner optimizer: ranks whose gradients "
                          "overflow would skip the inner optimizer's allreduce and the others would wait forever")
-    resolve_compression(compression)  # a bad choice fails here, not at the first step
-    inspect.signature(hvd.grouped_allreduce).bind([], **horovod_options)  # likewise an unknown option
-    reduce = {"compression": compression, "op": op, **horovod_options}
+    compressor(reduce.get("compression", "auto"))  # a bad choice fails here, not at the first step
+    options = {k: v for k, v in reduce.items() if k not in ("compression", "op", "sparse_as_dense")}
+    inspect.signature(hvd.grouped_allreduce).bind([], **options)  # likewise an unknown option
     mixin = _ReduceInApply if lso else _ReduceBeforeClip
-    dist_cls = type(type(optimizer).__name__, (mixin, type(optimizer)), {"_hvdk8s_reduce": reduce})
+    # The optimizer that accumulates (a LossScaleOptimizer's inner one) is the one whose count Adam reads.
+    micro = (_MicroBatchIterations,) if count_micro_batches and backward_passes_per_step > 1 else ()
+    dist_cls = _named_like(type(optimizer), (mixin, *(() if lso else micro)),
+                           {"_hvdk8s_reduce": dict(reduce), "_hvdk8s_scale_local": scale_local_gradients})
 
     if lso:
         # Built directly rather than by from_config, which looks the inner class up by its registered
@@ -194,7 +299,8 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
         inner_config = inner.get_config()
         if backward_passes_per_step > 1:
             inner_config["gradient_accumulation_steps"] = backward_passes_per_step
-        dist = dist_cls(type(inner).from_config(inner_config), initial_scale=optimizer.initial_scale,
+        inner_cls = _named_like(type(inner), micro) if micro else type(inner)
+        dist = dist_cls(inner_cls.from_config(inner_config), initial_scale=optimizer.initial_scale,
                         dynamic_growth_steps=optimizer.dynamic_growth_steps, name=optimizer.name)
     else:
         config = optimizer.get_config()
@@ -203,29 +309,44 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
         dist = dist_cls.from_config(config)
 
     if optimizer.built:  # e.g. state restored from a checkpoint before distributing: keep it
-        dist.build(model.trainable_variables)
-        if [tuple(v.shape) for v in dist.variables] != [tuple(v.shape) for v in optimizer.variables]:
+        dist.build(list(variables) if variables is not None else _built_for(optimizer))
+        mine, theirs = _state(dist), _state(optimizer)
+        if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
             raise ValueError("the optimizer was built for other variables than model.trainable_variables")
-        for mine, theirs in zip(dist.variables, optimizer.variables):
-            mine.assign(theirs)
-    if model.built and broadcast:
-        broadcast_state(model, dist, root_rank)
+        for m, t in zip(mine, theirs):
+            m.assign(t)
     return dist
 
 
-def broadcast_variables(variables: Sequence, root_rank: int = 0, name: str = "hvdk8s.bcast") -> None:
+def _state(optimizer: keras.optimizers.Optimizer) -> list:
+    """An optimizer's variables but its gradient accumulators (backward_passes_per_step > 1 adds them)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    accumulators = {id(a) for a in getattr(inner, "_accumulated_gradients", None) or ()}
+    return [v for v in optimizer.variables if id(v) not in accumulators]
+
+
+def _built_for(optimizer: keras.optimizers.Optimizer) -> list:
+    """The variables a built Keras 3 optimizer was built for (a LossScaleOptimizer: its inner one's)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return list(inner._trainable_variables)
+
+
+def broadcast_variables(variables: Sequence, root_rank: int = 0, name: str = "hvdk8s.bcast",
+                        **horovod_options: Any) -> None:
     """Assign root_rank's values to `variables` (Keras 3 or tf.Variables) on every rank: one broadcast
     per dtype, of all variables of that dtype flattened into one buffer (one collective, not hundreds).
-    A rank alone has root_rank's values already."""
+    A rank alone has root_rank's values already. horovod_options (process_set) go to hvd.broadcast.
+    Inside a tf.function Horovod names each broadcast after its tensor, so that two calls in one
+    function do not share a name."""
     if _adapter.alone(hvd.size()):
         return
     groups: dict[str, list] = {}
     for v in variables:
         groups.setdefault(tf.as_dtype(v.dtype).name, []).append(v)
     for dtype, group in groups.items():
-        values = [tf.convert_to_tensor(v.value if hasattr(v, "value") else v) for v in group]
+        values = [tf.convert_to_tensor(v.value if isinstance(v, keras.Variable) else v) for v in group]
         flat = hvd.broadcast(tf.concat([tf.reshape(t, [-1]) for t in values], 0), root_rank,
-                             name=f"{name}.{dtype}")
+                             name=f"{name}.{dtype}" if tf.executing_eagerly() else None, **horovod_options)
         for v, t, part in zip(group, values, tf.split(flat, [int(np.prod(t.shape)) for t in values])):
             v.assign(tf.reshape(part, t.shape))
 
@@ -348,17 +469,13 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
 
 # --- elastic training ----------------------------------------------------------------------------
 
-class ElasticState(ObjectState):
-    """Horovod elastic state: the model's and optimizer's variables and any other attributes
-    (epoch=..., ...), kept in memory at each `commit()` and synced from rank 0 when workers join or leave
-    (`run_elastic`). After a failure every rank goes back to the last commit. (Horovod's own
-    TensorFlowKerasState is for tf.keras, not Keras 3.)"""
+class VariablesState(ObjectState):
+    """Horovod elastic state of a list of variables (Keras 3 or tf.Variables) and any other attributes
+    (epoch=..., ...): kept in memory at each `commit()` and synced from rank 0 when workers join or leave
+    (`run_elastic`). After a failure every rank goes back to the last commit."""
 
-    def __init__(self, model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None, **attrs: Any):
-        if optimizer is not None and not optimizer.built:  # its slots must exist to be saved and synced
-            optimizer.build(model.trainable_variables)
-        self._variables = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
-        self._model, self._optimizer = model, optimizer
+    def __init__(self, variables: Sequence, **attrs: Any):
+        self._variables = list(variables)
         self._saved = [np.array(v) for v in self._variables]
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
@@ -374,6 +491,18 @@ class ElasticState(ObjectState):
     def sync(self) -> None:
         broadcast_variables(self._variables, 0, "hvdk8s.elastic")
         super().sync()
+
+
+class ElasticState(VariablesState):
+    """`VariablesState` of a model's and optimizer's variables. (Horovod's own TensorFlowKerasState is for
+    tf.keras, not Keras 3: hvdk8s.horovod.tensorflow.elastic has one for Keras 3.)"""
+
+    def __init__(self, model: keras.Model, optimizer: Optional[keras.optimizers.Optimizer] = None, **attrs: Any):
+        if optimizer is not None and not optimizer.built:  # its slots must exist to be saved and synced
+            optimizer.build(model.trainable_variables)
+        self._model, self._optimizer = model, optimizer
+        super().__init__(list(model.variables) + (list(optimizer.variables) if optimizer is not None else []),
+                         **attrs)
 
 
 def run_elastic(func):
@@ -404,7 +533,9 @@ def run_elastic(func):
 
 class BroadcastInitialState(keras.callbacks.Callback):
     """At the start of training, give every rank root_rank's model variables and optimizer state
-    (needed when the model was not yet built at `distribute`)."""
+    (needed when the model was not yet built at `distribute`). A model that Keras builds only at its
+    first batch (no Input, never called) has no variables to send before it: it gets them after that
+    batch, as Horovod's callback did."""
 
     def __init__(self, root_rank: int = 0):
         super().__init__()
@@ -415,9 +546,17 @@ class BroadcastInitialState(keras.callbacks.Callback):
         if getattr(self.model, "jit_compile", False):
             raise ValueError("compile the model with jit_compile=False: Horovod's TensorFlow ops have no "
                              "XLA kernels")
-        if not self.done:
-            broadcast_state(self.model, self.model.optimizer, self.root_rank)
+        if not self.done and self.model.built:
+            self.broadcast()
             self.done = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.done:
+            self.broadcast()
+            self.done = True
+
+    def broadcast(self) -> None:
+        broadcast_state(self.model, self.model.optimizer, self.root_rank)
 
 
 class MetricAverage(keras.callbacks.Callback):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import time
 from typing import Any, Optional
 
@@ -32,7 +33,9 @@ from horovod.common.elastic import ObjectState
 
 from hvdk8s import _adapter, compression as _compression, metrics as _metrics, precision as _precision
 from hvdk8s._adapter import CONTRACT
-from hvdk8s._torch_launch import lean_launch
+from hvdk8s import _torch_launch
+from hvdk8s._torch_sharded import STAGES as SHARDING_STAGES, ShardedOptimizer
+from hvdk8s._torch_wait import wait_asleep
 
 rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_size
 Average, Sum = hvd.Average, hvd.Sum
@@ -49,8 +52,9 @@ def init(threads_per_rank: Optional[int] = None) -> None:
     GPU: the device of the local rank. CPU: `threads_per_rank` intra-op threads (default: the cores
     divided among the ranks on this node, at least one), so N ranks do not fight over N*cores threads."""
     _adapter.die_with_parent()
-    _adapter.start_horovod(hvd)  # a single rank gets a 20 ms cycle: hvdk8s/tuning.py SINGLE_RANK
-    if torch.cuda.is_available():
+    on_gpu = torch.cuda.is_available()
+    _adapter.start_horovod(hvd, gpus=on_gpu)  # the tuning profile a launcher did not give: hvdk8s/tuning.py
+    if on_gpu:
         torch.cuda.set_device(hvd.local_rank())
         return
     torch.set_num_threads(_adapter.cpu_threads(threads_per_rank, hvd.local_size()))
@@ -92,7 +96,9 @@ def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
     parameters are broadcast after it. A rank alone has them already."""
     if _adapter.alone(hvd.size()):
         return
-    if optimizer is not None:
+    if isinstance(optimizer, ShardedOptimizer):
+        optimizer.sync(root_rank)  # its own format: root_rank's full state, each rank keeping its part
+    elif optimizer is not None:
         root_has_state = hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank,
                                               name="hvdk8s.optimizer_has_state")
         if root_has_state:
@@ -103,14 +109,20 @@ def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
 
 def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, compression: str = "auto",
                backward_passes_per_step: int = 1, op=None, root_rank: int = 0, broadcast: bool = True,
-               **horovod_options: Any) -> hvd.DistributedOptimizer:
+               shard_optimizer_state: int = 0, **horovod_options: Any) -> torch.optim.Optimizer:
     """Broadcast root_rank's state to all ranks and wrap `optimizer` so gradients are averaged.
     broadcast=False skips the broadcast (elastic training: `ElasticState` syncs the ranks instead).
 
     compression: 'auto' (default), 'fp16' or 'none'. backward_passes_per_step > 1 sums that many
     backward passes locally before one allreduce (scale each pass's loss by 1/passes for a mean).
-    Other keyword arguments (gradient_predivide_factor, sparse_as_dense, groups, num_groups,
-    process_set) go to horovod.torch.DistributedOptimizer."""
+    shard_optimizer_state: 0 (every rank holds the whole optimizer state), 1 (each rank holds and
+    updates 1/N of it; ZeRO stage 1) or 2 (the gradients sharded too; ZeRO stage 2): see
+    hvdk8s._torch_sharded. Other keyword arguments (gradient_predivide_factor, sparse_as_dense, groups,
+    num_groups, process_set) go to horovod.torch.DistributedOptimizer (unsharded only)."""
+    if shard_optimizer_state:
+        return _distribute_sharded(model, optimizer, shard_optimizer_state, compression=compression,
+                                   backward_passes_per_step=backward_passes_per_step, op=op, root_rank=root_rank,
+                                   broadcast=broadcast, horovod_options=horovod_options)
     wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=_COMPRESSORS[resolve_compression(compression)],
@@ -122,8 +134,7 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
         # them all, after backward): 7-10% of a CPU step here (`hvdk8s bench --only wrapper`).
         wrapped.synchronize = _nothing_to_average
     else:
-        wrapped.synchronize = _timed(_waits_asleep(wrapped, wrapped.synchronize))
-        lean_launch(wrapped)  # each gradient's allreduce straight to Horovod's C++ queue
+        _private_path(wrapped)
     # Horovod builds a new optimizer from the param groups: carry over state restored from a checkpoint.
     if optimizer.state_dict()["state"]:
         wrapped.load_state_dict(optimizer.state_dict())
@@ -132,32 +143,58 @@ def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comp
     return wrapped
 
 
+def _distribute_sharded(model, optimizer, stage: int, *, compression: str, backward_passes_per_step: int, op,
+                        root_rank: int, broadcast: bool, horovod_options: dict) -> ShardedOptimizer:
+    if horovod_options:
+        raise ValueError(f"shard_optimizer_state: Horovod's DistributedOptimizer options "
+                         f"({', '.join(sorted(horovod_options))}) do not apply to a sharded optimizer")
+    if stage not in SHARDING_STAGES:
+        raise ValueError(f"shard_optimizer_state must be 0, 1 or 2, got {stage!r}")
+    if isinstance(optimizer, ShardedOptimizer) or hasattr(optimizer, "_handles"):  # _handles: Horovod's
+        raise ValueError("optimizer is already distributed")
+    if broadcast:  # root_rank's parameters and whole state, before it is cut into shards
+        broadcast_state(model, optimizer, root_rank)
+    return ShardedOptimizer(optimizer, stage, backward_passes_per_step=backward_passes_per_step,
+                            compression=resolve_compression(compression), op=op)
+
+
 def _nothing_to_average() -> None:
     pass
 
 
-# Horovod 0.28's synchronize() waits for each allreduce in a loop of sched_yield(): the training thread
-# stays runnable, a full core, while the background thread does the allreduce. On shared cores that core
-# is taken from the allreduce itself, the peer rank and any other job (a 2-rank wait of 2 s measured
-# 3.2 CPU-s against 2.0 with a sleeping poll). So wait here, asleep between polls, until every launched
-# allreduce is done; Horovod's synchronize() then finds them finished (and launches any a hook missed).
-# Most waits are the last gradients' allreduce, a millisecond or two, and a pause is also how late the
-# step may resume: polled every 100 us at most (against a 500 us cap, interleaved A/B: 0.91x the step
-# time of a 2-rank MLP beside a second job, 0.96x idle, 0.92-0.96x a many-small-tensor model idle,
-# ResNet-20 level; docs/performance.md). A wait past 2 ms is a late peer: pauses grow to 500 us, so it
-# costs ~3% of a core (a 1.5 s wait: `test_a_rank_waiting_for_its_peer_sleeps_instead_of_spinning`).
-_POLL_FIRST_S, _POLL_SHORT_MAX_S, _POLL_LONG_MAX_S, _SHORT_WAIT_S = 50e-6, 100e-6, 500e-6, 2e-3
+_fallbacks_logged: set[str] = set()
+
+
+def _private_path(optimizer) -> None:
+    """hvdk8s's direct gradient launch and sleeping wait for `optimizer` where this Horovod is the one they
+    were written for and they pass the one-tensor self-check (hvdk8s._torch_launch); else Horovod's own,
+    rank 0 saying why once per reason."""
+    why = _torch_launch.private_path(optimizer)
+    if why is None:
+        launch = _torch_launch.direct_launch(optimizer)
+        why = _torch_launch.self_check(optimizer, launch, _wait_asleep_for)
+    if why is None:
+        optimizer.synchronize = _timed(_waits_asleep(optimizer, optimizer.synchronize))
+        optimizer._allreduce_grad_async = launch  # each gradient's allreduce straight to Horovod's C++ queue
+        return
+    optimizer.synchronize = _timed(optimizer.synchronize)
+    if hvd.rank() == 0 and why not in _fallbacks_logged:
+        _fallbacks_logged.add(why)
+        print(f"hvdk8s: gradients take Horovod's own launch and wait, not hvdk8s's direct ones: {why}",
+              file=sys.stderr, flush=True)
+
+
+def _wait_asleep_for(handles: dict) -> None:
+    """Until every allreduce of `handles` (as optimizer._handles: {parameter: (handle, ctx)}) is done
+    (hvdk8s._torch_wait says why asleep)."""
+    wait_asleep(handle for handle, _ in list(handles.values()))
 
 
 def _waits_asleep(optimizer, synchronize):
+    """synchronize(), after waiting asleep for every launched allreduce (hvdk8s._torch_wait says why);
+    Horovod's synchronize() then finds them finished (and launches any a hook missed)."""
     def synchronize_asleep() -> None:
-        began = time.perf_counter()
-        for handle, _ in list(optimizer._handles.values()):
-            pause = _POLL_FIRST_S
-            while isinstance(handle, int) and not hvd.poll(handle):
-                time.sleep(pause)
-                longest = _POLL_SHORT_MAX_S if time.perf_counter() - began < _SHORT_WAIT_S else _POLL_LONG_MAX_S
-                pause = min(2 * pause, longest)
+        _wait_asleep_for(optimizer._handles)
         synchronize()
     return synchronize_asleep
 
@@ -219,7 +256,10 @@ def step(optimizer: torch.optim.Optimizer, *, scaler: Optional[torch.amp.GradSca
 
     Call it once per optimizer step: with backward_passes_per_step=k, after the k-th backward pass,
     not after each (an earlier call would allreduce a partial sum). `optimizer` may also be a plain
-    torch optimizer (one process, no Horovod)."""
+    torch optimizer (one process, no Horovod), or a sharded one (`distribute(shard_optimizer_state=)`),
+    which unscales and clips its shards by the global norm and agrees on inf/nan through one allreduce."""
+    if isinstance(optimizer, ShardedOptimizer):
+        return optimizer.step_with(scaler=scaler, clip_grad_norm=clip_grad_norm)
     if scaler is None and clip_grad_norm is None:
         optimizer.step()  # Horovod's step() synchronizes by itself
         return True
@@ -269,14 +309,17 @@ def metric_sum(value, name: Optional[str] = None) -> float:
 def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     extra: Optional[dict] = None, keep: int = 3):
     """Rank 0 writes model, optimizer and `extra` for `epoch` atomically and keeps the `keep` newest;
-    other ranks do nothing. Returns the path on rank 0, None elsewhere."""
+    other ranks write nothing (with a sharded optimizer they send rank 0 their part of its state: call
+    it on every rank). Returns the path on rank 0, None elsewhere."""
     from hvdk8s import checkpoint
 
+    # A sharded optimizer's state is gathered from every rank (collective), into the unsharded format.
+    sharded = optimizer.state_dict() if isinstance(optimizer, ShardedOptimizer) else None
     if hvd.rank() != 0:
         _metrics.current().checkpointed()  # rank 0 writes it now
         return None
-    payload = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-               "extra": extra or {}}
+    payload = {"epoch": epoch, "model": model.state_dict(),
+               "optimizer": sharded if sharded is not None else optimizer.state_dict(), "extra": extra or {}}
     path = checkpoint.save(directory, epoch, payload, lambda obj, path: torch.save(obj, path), keep)
     _metrics.current().checkpointed()
     return path
@@ -341,12 +384,18 @@ class ElasticState(ObjectState):
 
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, **attrs: Any):
         self._model, self._optimizer = model, optimizer
-        self._saved = self._snapshot()
+        self._saved = self._snapshot(first=True)
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
-    def _snapshot(self) -> tuple:
-        return (copy.deepcopy(self._model.state_dict()),
-                None if self._optimizer is None else copy.deepcopy(self._optimizer.state_dict()))
+    def _snapshot(self, first: bool = False) -> tuple:
+        model = copy.deepcopy(self._model.state_dict())
+        if isinstance(self._optimizer, ShardedOptimizer):
+            # Its full state, gathered (collective: every rank commits at the same step) into host memory,
+            # so that the ranks of a new world can take their parts from rank 0's. At construction, where a
+            # joining worker must not wait for the others: what this rank loaded (rank 0's checkpoint).
+            full = self._optimizer.loaded_state() if first else self._optimizer.state_dict()
+            return model, None if full is None else _on_cpu(full)
+        return model, None if self._optimizer is None else copy.deepcopy(self._optimizer.state_dict())
 
     def save(self) -> None:
         self._saved = self._snapshot()
@@ -355,14 +404,34 @@ class ElasticState(ObjectState):
     def restore(self) -> None:
         model_state, optimizer_state = self._saved
         self._model.load_state_dict(model_state)
-        if self._optimizer is not None:
+        if isinstance(self._optimizer, ShardedOptimizer):
+            self._optimizer.drop_step()  # sync() re-shards rank 0's committed state for the new world
+        elif self._optimizer is not None:
             self._optimizer.load_state_dict(optimizer_state)  # a distributed one also drops pending handles
             self._optimizer.zero_grad()  # gradients of the interrupted step
         super().restore()
 
+    def reset(self) -> None:
+        """After Horovod re-initialised for a new world, before any sync (Horovod skips the sync when
+        workers only left): the committed state, which every rank holds, laid out for the new ranks."""
+        if isinstance(self._optimizer, ShardedOptimizer):
+            self._optimizer.reshard(self._saved[1])
+
     def sync(self) -> None:
-        broadcast_state(self._model, self._optimizer)
+        if isinstance(self._optimizer, ShardedOptimizer):
+            full = hvd.broadcast_object(self._saved[1] if hvd.rank() == 0 else None, 0, name="hvdk8s.zero.elastic")
+            self._optimizer.reshard(full)
+            broadcast_state(self._model)
+        else:
+            broadcast_state(self._model, self._optimizer)
         super().sync()
+
+
+def _on_cpu(state_dict: dict) -> dict:
+    """An optimizer state dict with its tensors in host memory (copies of any on a device)."""
+    return {"state": {i: {k: v.cpu() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in s.items()}
+                      for i, s in state_dict["state"].items()},
+            "param_groups": copy.deepcopy(state_dict["param_groups"])}
 
 
 def run_elastic(func):

@@ -1,15 +1,23 @@
-"""Settings hvdk8s gives OpenMPI, Horovod and glibc's malloc unless the user's environment names them,
-chosen from measurements (`hvdk8s bench --only knobs,peers`, bench/results/README.md, docs/performance.md).
-Local launches and rendered MPIJobs both take DEFAULTS from here (`defaults`), and the
-sleepy negotiation's preload (`preloads`).
+"""The job's tuning profile: settings hvdk8s gives OpenMPI, Horovod and glibc's malloc, chosen from
+measurements on a 2-core CPU machine (`hvdk8s bench --only knobs,peers`, bench/results/README.md,
+docs/performance.md), and only where those measurements apply.
+
+`resources.tuning` in the job file picks the profile: `shared-cpu` (everything below), `none` (Horovod's,
+Open MPI's and glibc's own defaults) or `auto` (the default): `shared-cpu` for a CPU job, `none` for a job
+whose ranks have GPUs, where none of this was measured. `profile_env` is the one place that turns the
+choice and the ranks' placement into variables: the local launcher puts them in the ranks' environment, the
+MPIJob renderer writes them into the launcher's `env` (forwarded to every rank), HVDK8S_TUNING naming the
+profile applied, so a rank adds nothing the MPIJob does not show. A rank started some other way (plain
+horovodrun, or alone) applies what it can itself at init (`in_rank`): the MCA variables before MPI_Init,
+the malloc thresholds through mallopt, the single-rank cycle; the preload it cannot, and says so.
 
 OMPI_MCA_mpi_yield_when_idle=1: a rank waiting in MPI (Horovod's background thread, between and during
 allreduces) yields its core instead of spinning on it. On 2 shared cores with a second 2-rank job
 beside it, a 2-rank MLP step took 2.07x as long as torch DDP's with OpenMPI's default and 1.39x with
 this; on an idle machine it was also faster (47 against 55 ms; DDP 66 ms).
 
-The sleepy negotiation (hvdk8s/native/sleepy_negotiation.c, preloaded into the ranks of multi-rank local
-launches and, by the launcher's wait, of MPIJobs): every cycle Horovod's background threads meet in a
+The sleepy negotiation (hvdk8s/native/sleepy_negotiation.c, preloaded into the ranks of multi-rank jobs,
+LD_PRELOAD in the local ranks' environment and in the MPIJob's env, with the image's path): every cycle Horovod's background threads meet in a
 small bitwise MPI_Allreduce, and the rank that arrives first polls for the other; the ranks' offset
 drifts until one thread polls for the whole cycle (2.99 CPU-s in 3 s of an idle 2-rank job). The
 preloaded MPI_Allreduce waits for those bitwise reductions asleep and passes every other allreduce
@@ -26,9 +34,9 @@ that 2-rank step 0.90x DDP's time against 1.04x without (docs/performance.md: DD
 A rank's resident memory then stays near its peak instead of falling between steps. Where the rank's
 environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
 
-SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a process that is Horovod's only rank for good
-(`single_rank_defaults`; hvdk8s.torch.init and hvdk8s.tensorflow.init put it in the environment before
-hvd.init()): Horovod's background thread wakes every cycle (1 ms by default) even with no peer, and on
+SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a job of one rank for good, on CPU (the profile of
+a rank that sees a GPU is `none` under `auto`; there a script's raw hvd.allreduce per step would wait for
+the cycle): Horovod's background thread wakes every cycle (1 ms by default) even with no peer, and on
 CPU each wake-up interrupts one of the step's intra-op threads, which the others then wait for at the
 region's barrier. A 1-rank Transformer step took 1.053x and 1.077x a plain PyTorch step with the 1 ms
 cycle (two runs of 10 interleaved rounds), 0.973x and 1.025x with 20 ms (10 and 60 rounds; this
@@ -39,10 +47,18 @@ raw hvd.allreduce waits for the cycle, up to 20 ms. Elastic ranks keep Horovod's
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.machinery
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, MutableMapping, Optional
 
+PROFILES = ("auto", "shared-cpu", "none")  # resources.tuning
+PROFILE_ENV = "HVDK8S_TUNING"  # the profile whose settings a launcher put in the ranks' environment
 MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", **MALLOC}
 SINGLE_RANK: dict[str, str] = {"HOROVOD_CYCLE_TIME": "20"}
@@ -50,6 +66,55 @@ SINGLE_RANK: dict[str, str] = {"HOROVOD_CYCLE_TIME": "20"}
 # and Intel MPI's Hydra, MVAPICH, Slurm); a process with none of them was started on its own.
 WORLD_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
 SLEEPY_NEGOTIATION_ENV = "HVDK8S_SLEEPY_NEGOTIATION"  # "0": Horovod's negotiation polls as Open MPI does
+# Where the images (Dockerfile.gpu) put the built library: a fixed path, so the MPIJob can name it.
+IMAGE_SLEEPY_NEGOTIATION = "/opt/hvdk8s/lib/libhvdk8s_sleepy_negotiation.so"
+# The Open MPI the preload was written and measured against (its ops' symbol names, pointer handles, and
+# non-blocking collectives progressed in MPI_Test): 4.1 (Debian's 4.1.4 here, Ubuntu 24.04's 4.1.6 in the
+# images). The library checks the same at run time (MPI_Get_library_version) and passes through elsewhere.
+OPEN_MPI_SERIES = (4, 1)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters for MALLOC_*_THRESHOLD_
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the profile depends on: how many ranks the job starts, whether they see GPUs, whether the job is
+    elastic (its size may change), and the path of the sleepy negotiation where the ranks run (None: absent,
+    or not the Open MPI it was written for)."""
+
+    ranks: int
+    gpus: bool
+    elastic: bool = False
+    library: Optional[str] = None
+
+
+def resolve(choice: str, gpus: bool) -> str:
+    """The profile `choice` stands for: `auto` is `shared-cpu` without GPUs, `none` with them."""
+    if choice not in PROFILES:
+        raise ValueError(f"tuning must be one of {', '.join(PROFILES)}, got {choice!r}")
+    if choice == "auto":
+        return "none" if gpus else "shared-cpu"
+    return choice
+
+
+def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables the profile gives ranks placed as `placement`, whose own environment (the user's or the
+    job's `kubernetes.env`) is `env`: PROFILE_ENV, then, for `shared-cpu`, each setting `env` does not name
+    (`defaults`), HOROVOD_CYCLE_TIME for a job of one rank for good, and LD_PRELOAD with the sleepy
+    negotiation ahead of `env`'s own preloads for more than one rank of Open MPI (a single rank has no peer
+    to wait for). Only these are added to the ranks' environment: nothing else, nowhere else."""
+    profile = resolve(choice, placement.gpus)
+    out = {PROFILE_ENV: profile}
+    if profile == "none":
+        return out
+    wanted = defaults(env)
+    if placement.ranks == 1 and not placement.elastic:
+        wanted.update(SINGLE_RANK)
+    out.update({name: value for name, value in wanted.items() if name not in env})
+    # Elastic jobs run on Gloo, whose negotiation is not an MPI_Allreduce: nothing there to preload for.
+    preload = preloads(env, placement.library) if placement.ranks > 1 and not placement.elastic else None
+    if preload is not None:
+        out["LD_PRELOAD"] = preload
+    return out
 
 
 def sleepy_negotiation_library() -> Optional[Path]:
@@ -61,18 +126,47 @@ def sleepy_negotiation_library() -> Optional[Path]:
     return None
 
 
-def preloads(env: MutableMapping[str, str]) -> Optional[str]:
-    """LD_PRELOAD for ranks started with `env`: the sleepy negotiation ahead of what env preloads, or None
-    where it is off or not built. It only changes how a Horovod background thread waits for its peers'
+def open_mpi_series(version_text: str) -> Optional[tuple[int, int]]:
+    """(major, minor) of Open MPI from `mpirun --version` or MPI_Get_library_version, or None for another MPI."""
+    found = re.search(r"Open MPI\)? v?(\d+)\.(\d+)", version_text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def local_library() -> Optional[str]:
+    """The sleepy negotiation for ranks on this machine: the built library where this machine's mpirun is the
+    Open MPI it was written for (OPEN_MPI_SERIES), else None."""
+    library, mpirun = sleepy_negotiation_library(), shutil.which("mpirun")
+    if library is None or mpirun is None:
+        return None
+    try:
+        text = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return str(library) if open_mpi_series(text) == OPEN_MPI_SERIES else None
+
+
+def gpus_visible(env: Mapping[str, str]) -> bool:
+    """Whether processes started here with `env` would see an NVIDIA GPU, without loading CUDA: the driver
+    lists one and CUDA_VISIBLE_DEVICES does not hide them all."""
+    hidden = env.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1", "none", "NoDevFiles"):
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def preloads(env: Mapping[str, str], library: Optional[str]) -> Optional[str]:
+    """LD_PRELOAD for ranks started with `env`: `library` (the sleepy negotiation) ahead of what env preloads,
+    or None where it is off or absent. It only changes how a Horovod background thread waits for its peers'
     bitwise reductions (Open MPI's MPI_BAND/MPI_BOR), so any rank may have it: other MPIs, programs
     without MPI and every other collective pass straight through."""
-    library = sleepy_negotiation_library()
     if library is None or env.get(SLEEPY_NEGOTIATION_ENV, "1") == "0":
         return None
-    if any(c in str(library) for c in " :"):
+    if any(c in library for c in " :"):
         return None  # LD_PRELOAD splits at spaces and colons: such a path cannot be preloaded
-    others = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != str(library)]
-    return " ".join([str(library), *others])
+    others = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != library]
+    return " ".join([library, *others])
 
 
 def defaults(env: Mapping[str, str]) -> dict[str, str]:
@@ -89,21 +183,71 @@ def elastic(env: Mapping[str, str]) -> bool:
     return env.get("HOROVOD_ELASTIC") == "1"
 
 
-def single_rank_defaults(env: Mapping[str, str]) -> dict[str, str]:
-    """SINGLE_RANK's settings that `env` does not name, for a process about to start Horovod with it, if
-    `env` says it will be the job's only rank (every launcher variable present is 1, or none is) and not
-    elastic (HOROVOD_ELASTIC=1: ranks may join); else none."""
-    if elastic(env) or any(env.get(name, "1") != "1" for name in WORLD_SIZE_VARIABLES):
-        return {}
-    return {name: value for name, value in SINGLE_RANK.items() if name not in env}
+def launched_size(env: Mapping[str, str]) -> int:
+    """The job's size as the launcher's variables tell it (1 where none does: started on its own)."""
+    sizes = [env[name] for name in WORLD_SIZE_VARIABLES if name in env]
+    return max((int(s) for s in sizes if s.isdigit()), default=1)
 
 
-def apply(env: MutableMapping[str, str], *, ranks: int) -> MutableMapping[str, str]:
-    """`env` with each default added unless it already names that variable (`defaults`), and, for more
-    than one rank, the sleepy negotiation preloaded (`preloads`; a single rank has no peer to wait for)."""
-    for name, value in defaults(env).items():
-        env.setdefault(name, value)
-    preload = preloads(env) if ranks > 1 else None
-    if preload is not None:
-        env["LD_PRELOAD"] = preload
-    return env
+def in_rank(env: MutableMapping[str, str], gpus: bool) -> list[str]:
+    """The profile applied from inside a rank about to start Horovod (MPI_Init reads `env`), where no hvdk8s
+    launcher did (no PROFILE_ENV in `env`; with it, every setting is in `env` already): the `auto` profile
+    as `profile_env` computes it for this process (its size from the launcher's variables), each variable
+    put in `env`, the malloc thresholds also given to this process's allocator (glibc reads MALLOC_* only at
+    start). Returns the lines to log: what could not be applied from here (the preload) and its remedy."""
+    if PROFILE_ENV in env:
+        return []
+    placement = Placement(ranks=launched_size(env), gpus=gpus, elastic=elastic(env),
+                          library=str(sleepy_negotiation_library() or "") or None)
+    wanted = profile_env("auto", placement, env)
+    preload = wanted.pop("LD_PRELOAD", None)
+    env.update(wanted)
+    for name, option in (("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD), ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD)):
+        if name in wanted:
+            _mallopt(option, int(wanted[name]))
+    if preload is None or placement.library in env.get("LD_PRELOAD", "").replace(":", " ").split():
+        return []
+    return [f"hvdk8s: tuning {wanted[PROFILE_ENV]}: the sleepy negotiation cannot be loaded from inside a rank, so "
+            "Horovod's per-cycle negotiation polls a core; start the ranks with `hvdk8s launch`, or give them "
+            f"LD_PRELOAD={placement.library} (horovodrun/mpirun -x LD_PRELOAD)"]
+
+
+def _mallopt(option: int, value: int) -> None:
+    try:
+        ctypes.CDLL(None).mallopt(option, value)
+    except (OSError, AttributeError):  # not glibc: its allocator has no such thresholds
+        pass
+
+
+def link_image_library() -> Optional[str]:
+    """Link the built sleepy negotiation at IMAGE_SLEEPY_NEGOTIATION, where rendered MPIJobs preload it (an
+    image's build, Dockerfile.gpu); why not, or None."""
+    library = sleepy_negotiation_library()
+    if library is None:
+        return "the sleepy negotiation was not built (a C compiler is needed)"
+    target = Path(IMAGE_SLEEPY_NEGOTIATION)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
+    target.symlink_to(library)
+    return None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m hvdk8s.tuning --image-library DEVICE`, in Dockerfile.gpu: the library linked for the image;
+    a CPU image fails without it (its jobs' profile preloads it), a GPU image builds without it."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m hvdk8s.tuning", description=main.__doc__)
+    parser.add_argument("--image-library", choices=("cpu", "gpu"), required=True, metavar="DEVICE")
+    device = parser.parse_args(argv).image_library
+    why = link_image_library()
+    if why is None:
+        return 0
+    print(f"hvdk8s: {why}" + ("" if device == "cpu" else "; GPU jobs' `auto` tuning does not preload it"),
+          file=sys.stderr)
+    return 1 if device == "cpu" else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

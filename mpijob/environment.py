@@ -34,10 +34,20 @@ def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
     return env
 
 
+def tuning_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
+    """The job's tuning profile (`resources.tuning`) for its ranks, with the image's sleepy negotiation: all
+    of it in the MPIJob's env, nothing added at run time. The job's own `env` keeps what it names."""
+    placement = tuning.Placement(ranks=topo.ranks, gpus=bool(topo.gpus_per_worker),
+                                 elastic=spec.training.elastic is not None, library=tuning.IMAGE_SLEEPY_NEGOTIATION)
+    secret = spec.kubernetes.secret_env  # set by reference: the profile leaves those names to the job too
+    own = {**spec.kubernetes.env, **dict.fromkeys(secret, "")}
+    return {k: v for k, v in tuning.profile_env(spec.resources.tuning, placement, own).items() if k not in secret}
+
+
 def rank_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
-    """Plain environment of every rank (secret-backed variables are added by reference elsewhere);
-    the job's own `env` may set tuning's defaults otherwise."""
-    return {**tuning.defaults(spec.kubernetes.env), **hvdk8s_env(spec, topo), **spec.kubernetes.env}
+    """Plain environment of every rank (secret-backed variables are added by reference elsewhere): hvdk8s's,
+    the job's own `env`, the tuning profile (whose LD_PRELOAD keeps the job's own preloads after its own)."""
+    return {**hvdk8s_env(spec, topo), **spec.kubernetes.env, **tuning_env(spec, topo)}
 
 
 def forwarded(spec: JobSpec, topo: Topology) -> list[str]:

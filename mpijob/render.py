@@ -24,16 +24,20 @@ from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
 from hvdk8s.spec import JobSpec, dump_job, with_backend_defaults
 
 from . import cache, checks, layout, monitoring, network, podsecurity, scheduling, security, volumes
+from .api import API_VERSION, KIND
 from .environment import JOB_FILE, forwarded, rank_env  # noqa: F401  (rank_env: part of this module's API)
 from .topology import Topology, plan
 
-API_VERSION = "kubeflow.org/v2beta1"
 SSH_PORT = 2222
 JOB_DIR = layout.JOB_DIR
 MPI_USER_HOME = layout.MPI_USER_HOME
 # The image's sshd, run by the non-root MPI user with its own config (see Dockerfile.gpu).
 SSHD_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{MPI_USER_HOME}/.sshd_config"]
 LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # mpirun only; no GPU
+# horovodrun blacklists the host of a rank that failed, by name, for good unless given a cooldown; the
+# operator recreates a lost worker pod under the same DNS name, which must be able to join again (the first
+# retry after 10-15 s, doubling up to 5 min; found on the real operator: docs/k8s-stack.md).
+BLACKLIST_COOLDOWN_SECONDS = (5, 300)
 LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
 POD_SECURITY_ANNOTATION = "hvdk8s.io/pod-security"  # the strictest Pod Security level all of the job's pods meet
 FILES = ("configmap.yaml", "mpijob.yaml")
@@ -87,7 +91,7 @@ def mpijob(spec: JobSpec) -> dict[str, Any]:
     if k8s.run_launcher_as_worker:
         job_spec["runLauncherAsWorker"] = True
     job_spec["mpiReplicaSpecs"] = replicas
-    return {"apiVersion": API_VERSION, "kind": "MPIJob", "metadata": metadata, "spec": job_spec}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": job_spec}
 
 
 def run_policy(spec: JobSpec, topo: Topology) -> dict[str, Any]:
@@ -133,7 +137,8 @@ def elastic_command(spec: JobSpec, topo: Topology) -> list[str]:
     cmd = ["horovodrun", "-np", str(topo.ranks), "--min-np", str(e.min_workers * slots),
            "--max-np", str(e.max_workers * slots), "--slots", str(slots), "--host-discovery-script", discovery,
            "--gloo", "--network-interfaces", network.MPI_INTERFACE, "--ssh-port", str(SSH_PORT),
-           "--elastic-timeout", str(spec.kubernetes.worker_wait_seconds)]
+           "--elastic-timeout", str(spec.kubernetes.worker_wait_seconds),
+           "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_SECONDS)]
     cmd += network.rank_prefix(spec.resources.rdma)
     if spec.entrypoint is not None:
         return cmd + cluster_argv(spec, JOB_DIR)
@@ -162,7 +167,10 @@ def launcher_template(spec: JobSpec, topo: Topology) -> dict[str, Any]:
         "resources": {"requests": dict(LAUNCHER_RESOURCES), "limits": dict(LAUNCHER_RESOURCES)},
         "securityContext": security.container(),
     }
-    pod = _pod_spec(spec, [container], [])
+    launcher_mounts = volumes.mounts(spec, launcher=True)
+    if launcher_mounts:
+        container["volumeMounts"] = launcher_mounts
+    pod = _pod_spec(spec, [container], volumes.pod_volumes(spec, launcher=True))
     pod.update(scheduling.launcher_placement(spec))
     return {"metadata": {"labels": _labels(spec, "launcher")}, "spec": pod}
 

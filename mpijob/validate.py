@@ -4,7 +4,7 @@ The aim is to judge as the cluster does: accept what the API server and mpi-oper
 what they reject, each with a field path. Layers, each reporting every problem as a `Problem(path, message)`:
 
 * the fields: either an OpenAPI v3 structural schema (the `openAPIV3Schema` of the MPIJob CRD a cluster
-  serves, see `load_crd_schema` / `crd_schema_from_cluster`) or hvdk8s's own compact description of the
+  serves: `load_crd_schema` of a file, or of what `KubernetesLauncher.served_schema` reads) or hvdk8s's own compact description of the
   v2beta1 fields (`BUILTIN_SCHEMA`), applied as the API server applies a CRD's: nulls of non-nullable
   fields are pruned (or defaulted) first, null list items are errors, `x-kubernetes-list-type` map and
   set lists must not repeat a key. Unknown fields are errors: a 1.20-era API server drops them silently,
@@ -23,19 +23,15 @@ import functools
 import importlib.resources
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Union
 
 from hvdk8s import k8snames, quantity, safeyaml
 
 from . import layout, podrules
+from .api import API_VERSION, CRD_NAME, GROUP, KIND, VERSION
 from .problems import POLICY, Problem, child as _child, duplicates, repeated
 
-API_VERSION = "kubeflow.org/v2beta1"
-KIND = "MPIJob"
-CRD_NAME = "mpijobs.kubeflow.org"
 # Newest Kubernetes whose Pod schema is used; an older kubernetes-validate falls back to its newest one.
 K8S_VERSION = "1.37"
 
@@ -190,7 +186,7 @@ def _validate_object_meta(meta: Any, path: str) -> list[Problem]:
 # ---------------------------------------------------------------------------------------------------
 # Where schemas come from
 
-def load_crd_schema(source: Union[str, Path, dict], version: str = "v2beta1") -> dict:
+def load_crd_schema(source: Union[str, Path, dict], version: str = VERSION) -> dict:
     """The openAPIV3Schema of VERSION in the MPIJob CustomResourceDefinition SOURCE (a YAML/JSON file or a dict)."""
     if isinstance(source, dict):
         return _crd_version_schema(source, version, "the given CRD")
@@ -215,7 +211,7 @@ def _read_crd(path: Union[str, Path]) -> Any:
 
 def _crd_version_schema(crd: Any, version: str, origin: str) -> dict:
     spec = _d(_d(crd).get("spec"))
-    if not (_d(crd).get("kind") == "CustomResourceDefinition" and spec.get("group") == "kubeflow.org"
+    if not (_d(crd).get("kind") == "CustomResourceDefinition" and spec.get("group") == GROUP
             and _d(spec.get("names")).get("kind") == KIND):
         raise ValueError(f"{origin}: not the MPIJob CustomResourceDefinition ({CRD_NAME})")
     versions = [_d(entry) for entry in spec.get("versions")] if isinstance(spec.get("versions"), list) else []
@@ -227,19 +223,6 @@ def _crd_version_schema(crd: Any, version: str, origin: str) -> dict:
             return schema
     names = ", ".join(str(entry.get("name")) for entry in versions) or "none"
     raise ValueError(f"{origin}: the MPIJob CRD has no version {version} (it has: {names})")
-
-
-def crd_schema_from_cluster(context: str | None = None) -> dict:
-    """The v2beta1 schema of the MPIJob CRD that the cluster of kubectl's (or CONTEXT's) context serves."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        raise RuntimeError("kubectl not found on PATH: it is needed to read the MPIJob CRD from the cluster")
-    command = [kubectl, *(["--context", context] if context else []), "get", "crd", CRD_NAME, "-o", "json"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(command[1:])}` failed ({proc.returncode}): {proc.stderr.strip()}")
-    origin = f"CRD {CRD_NAME} of context {context}" if context else f"CRD {CRD_NAME} of the current context"
-    return _crd_version_schema(json.loads(proc.stdout), "v2beta1", origin)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,12 +29,13 @@ def mount(volume, read_only: Optional[bool] = None) -> dict[str, Any]:
     return {"name": volume.name, "mountPath": volume.mount_path, **({"readOnly": True} if ro else {})}
 
 
-def pod_volumes(spec) -> list[dict[str, Any]]:
-    return [pod_volume(v) for v in spec.kubernetes.volumes]
+def pod_volumes(spec, launcher: bool = False) -> list[dict[str, Any]]:
+    """The rank pods' volumes: all of the job's; the launcher's (LAUNCHER): those marked `launcher`."""
+    return [pod_volume(v) for v in spec.kubernetes.volumes if v.launcher or not launcher]
 
 
-def mounts(spec) -> list[dict[str, Any]]:
-    return [mount(v) for v in spec.kubernetes.volumes]
+def mounts(spec, launcher: bool = False) -> list[dict[str, Any]]:
+    return [mount(v) for v in spec.kubernetes.volumes if v.launcher or not launcher]
 
 
 def normalized(path: str) -> str:

@@ -133,6 +133,35 @@ def run_ranks(script: str, *args: str, np: int = 2, controller: str = "mpi", tim
     return proc
 
 
+def elastic_launch(job: Path, tmp_path: Path, steps: list, timeout: float = 400) -> tuple[int, str, int]:
+    """`hvdk8s launch --local -np 2 JOB` over a discovery script that offers what tmp_path/hosts says (at
+    first `localhost:2`). `steps`: (pattern, action) pairs taken in order: once an output line matches the
+    next pattern (re.search), its action(hosts) runs. A hang past `timeout` s kills the launch, so the test
+    fails with the output so far. Returns (exit code, output, the number of steps taken)."""
+    import re
+    import threading
+
+    hosts, script = tmp_path / "hosts", tmp_path / "discover.sh"
+    hosts.write_text("localhost:2\n")
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job),
+                             "--discovery-script", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    lines, taken = [], 0
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if taken < len(steps) and re.search(steps[taken][0], line):
+                steps[taken][1](hosts)
+                taken += 1
+    finally:
+        timer.cancel()
+    return proc.wait(), "".join(lines), taken
+
+
 def session_members(session: int) -> list[int]:
     """Live processes of a session, e.g. a launcher started with start_new_session=True and everything it
     started (mpirun gives ranks process groups of their own, in its session); zombies are already dead."""

@@ -4,6 +4,7 @@ No timing is asserted anywhere: numbers belong in the report, not in tests."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -170,3 +171,18 @@ def test_processes_taking_turns_answer_every_turn():
     turned = taking_turns({"a": ("plain", None, False), "b": ("plain", None, False)}, {"model": "mlp", "batch": 4},
                           turns=3, steps_per_turn=1)
     assert [len(v) for v in turned.values()] == [3, 3] and all(s > 0 for v in turned.values() for s in v)
+
+
+@pytest.mark.ranks
+def test_the_gpu_check_runs_dry_on_cpu_and_records_its_provenance(tmp_path):
+    """bench/gpu_check.py waits for a GPU machine; its dry run keeps every path of it running here (CI too),
+    and its report says what was measured: the commit and the tuning profile in force."""
+    proc = subprocess.run([sys.executable, "-m", "hvdk8s.bench.gpu_check", "--dry-run", "-d", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = {(r["group"], r["config"]) for r in result["benchmarks"][0]["rows"]}
+    assert rows == {(m, c) for m in ("resnet", "transformer")
+                    for c in ("plain", "horovod", "hvdk8s, tuning none", "hvdk8s, tuning shared-cpu")}
+    assert result["machine"]["tuning"] == "shared-cpu" and result["machine"]["commit"]
+    assert {"horovod", "torch", "tensorflow"} <= set(result["machine"])

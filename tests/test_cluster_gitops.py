@@ -51,3 +51,31 @@ def test_delete_leaves_a_configmap_of_that_name_that_is_not_the_jobs(cluster, jo
     assert deleted.stdout.splitlines() == [f"deleted mpijob/{name}"]
     job, cm = job_objects(cluster, namespace, name)
     assert job is None and cm["data"] == {"owner": "someone-else"}
+
+
+def test_validate_checks_rendered_yaml_against_the_crd_the_cluster_serves(own_cluster, job_file, tmp_path):
+    """`hvdk8s validate --crd-from-cluster` (a pipeline's gate before it applies a folder) reads the MPIJob CRD
+    through the Kubernetes client, with the kubeconfig's current context: the rendered MPIJob passes, a
+    changed one is refused naming its field, and a user who may not read CRDs is told so in one line (exit 2)."""
+    import yaml
+
+    from cluster_helpers import NOBODY
+
+    folder = tmp_path / "deploy"
+    assert own_cluster.cli("render", job_file({"name": unique("gate")}), "-d", folder).returncode == 0
+    passed = own_cluster.cli("validate", "--crd-from-cluster", folder / "mpijob.yaml")
+    assert passed.returncode == 0, passed.stderr
+    assert "valid MPIJob (checked against the cluster's CRD" in passed.stdout
+    job = yaml.safe_load((folder / "mpijob.yaml").read_text())
+    job["spec"]["runPolicy"]["cleanPodPolicy"] = "Sometimes"
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(job))
+    refused = own_cluster.cli("validate", "--crd-from-cluster", tmp_path / "changed.yaml")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "spec.runPolicy.cleanPodPolicy" in refused.stderr and "Sometimes" in refused.stderr
+    config = yaml.safe_load(own_cluster.kubeconfig.read_text())
+    config["current-context"] = NOBODY
+    (tmp_path / "nobody.kubeconfig").write_text(yaml.safe_dump(config))
+    forbidden = own_cluster.cli("validate", "--crd-from-cluster", folder / "mpijob.yaml",
+                                kubeconfig=tmp_path / "nobody.kubeconfig")
+    assert forbidden.returncode == 2 and "Traceback" not in forbidden.stderr, forbidden.stderr
+    assert "may not read the mpijobs.kubeflow.org CRD of the cluster at https://127.0.0.1:" in forbidden.stderr

@@ -393,3 +393,25 @@ def test_base_image_metadata_and_shell(dockerfile):
     from hvdk8s import __version__
     assert labels["org.opencontainers.image.version"] == __version__
     assert {"title", "description", "licenses"} <= {k.rsplit(".", 1)[1] for k in labels}
+
+
+def test_the_sleepy_negotiation_is_linked_where_the_mpijob_preloads_it_and_optional_on_gpu(dockerfile, tmp_path,
+                                                                                         monkeypatch):
+    """The final stage links the built library at tuning.IMAGE_SLEEPY_NEGOTIATION (the CPU jobs' rendered
+    LD_PRELOAD); the CPU image fails its build without it, the GPU image (whose jobs' `auto` profile has no
+    preload) builds without it. The build's command runs here for real, into a temporary path."""
+    from hvdk8s import tuning
+
+    final = dockerfile[max(i for i, (k, _) in enumerate(dockerfile) if k == "FROM"):]
+    assert ("ARG", "DEVICE") in final
+    _, run = the_run(final, "/src/hvdk8s[")
+    link = next(c for c in run if "hvdk8s.tuning" in c)
+    assert shlex.split(link) == ["python", "-m", "hvdk8s.tuning", "--image-library", "$DEVICE"]
+    assert not [c for c in run if "sleepy_negotiation_library" in c]  # no other check that fails a GPU build
+
+    monkeypatch.setattr(tuning, "IMAGE_SLEEPY_NEGOTIATION", str(tmp_path / "lib" / "sleepy.so"))
+    assert tuning.main(["--image-library", "cpu"]) == 0
+    assert (tmp_path / "lib" / "sleepy.so").resolve() == tuning.sleepy_negotiation_library().resolve()
+    monkeypatch.setattr(tuning, "sleepy_negotiation_library", lambda: None)  # as a build without a C compiler
+    assert tuning.main(["--image-library", "gpu"]) == 0
+    assert tuning.main(["--image-library", "cpu"]) == 1

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import ROOT, invoke
+from conftest import ROOT, elastic_launch, invoke
 from hvdk8s.data.sharding import plan_epoch, unread_after
 
 ELASTIC = {"min_workers": 1, "max_workers": 2, "commit_every_steps": 4}
@@ -35,44 +35,26 @@ def test_an_epoch_read_across_changes_of_ranks_reads_every_sample_once(n, batch,
     assert sorted(read) == list(range(n))
 
 
-def _job(job_file, framework: str, epochs: int):
-    return job_file({"framework": framework, "training": {"epochs": epochs, "elastic": ELASTIC}})
+def _job(job_file, framework: str, epochs: int, shard_optimizer_state: int = 0):
+    return job_file({"framework": framework, "training": {"epochs": epochs, "elastic": ELASTIC,
+                                                          "shard_optimizer_state": shard_optimizer_state}})
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("framework, epochs", [("pytorch", 40), ("tensorflow", 20)])
-def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, epochs):
+@pytest.mark.parametrize("framework, epochs, sharded", [("pytorch", 40, 0), ("tensorflow", 20, 0), ("pytorch", 40, 2)])
+def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, epochs,
+                                                                         sharded):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it
     runs on 1 rank. The launch must report both changes, train every epoch and reach 95% on digits. (Elastic
     runs on Horovod's Gloo controller: this is also the test that Gloo trains; test_launch.py's gloo-die
-    case starts a non-elastic --gloo launch.)"""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2",
-                             str(_job(job_file, framework, epochs)), "--discovery-script", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    timer = threading.Timer(400, proc.kill)  # a hang fails the test, with the output so far
-    timer.start()
-    lines, phase = [], "two"
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if phase == "two" and line.startswith("epoch 2/"):
-                hosts.write_text("localhost:1\n")
-                phase = "shrinking"
-            elif phase == "shrinking" and re.match(r"elastic: .* 1 ranks", line):
-                hosts.write_text("localhost:2\n")
-                phase = "growing"
-            elif phase == "growing" and re.match(r"elastic: .* 2 ranks", line):
-                phase = "grown"
-    finally:
-        timer.cancel()
-    code, out = proc.wait(), "".join(lines)
+    case starts a non-elastic --gloo launch.) Sharded (training.shard_optimizer_state): the optimizer state
+    is re-sharded from 2 ranks to 1 and back."""
+    code, out, taken = elastic_launch(_job(job_file, framework, epochs, sharded), tmp_path, [
+        (r"^epoch 2/", lambda hosts: hosts.write_text("localhost:1\n")),
+        (r"^elastic: .* 1 ranks", lambda hosts: hosts.write_text("localhost:2\n")),
+        (r"^elastic: .* 2 ranks", lambda hosts: None)])
     assert code == 0, out
-    assert phase == "grown", f"the job did not go 2 -> 1 -> 2 ranks:\n{out}"
+    assert taken == 3, f"the job did not go 2 -> 1 -> 2 ranks:\n{out}"
     assert [int(e) for e in re.findall(r"^epoch (\d+)/", out, re.M)][-1] == epochs, out
     accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", out).group(1)) / 100
     assert accuracy >= 0.95, out
@@ -101,6 +83,9 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
                             "--host-discovery-script"]
     assert command[10].endswith("-m hvdk8s.launch.discovery --port 2222 --slots 2 /etc/mpi/discover_hosts.sh")
     assert "--gloo" in command and command[-3:] == ["hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
+    # A lost worker comes back under its old DNS name: horovodrun must not blacklist that name for good.
+    cooldown = command.index("--blacklist-cooldown-range")
+    assert command[cooldown + 1:cooldown + 3] == ["5", "300"]
     rendered = invoke("render", job, "-d", tmp_path / "rendered")
     assert rendered.exit_code == 0, rendered.output
     checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml")  # the operator's rules and defaults

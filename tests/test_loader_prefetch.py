@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from hvdk8s.data.datasets import ArrayDataset, IndexSubset, MapDataset
 from hvdk8s.data.shards import ShardedDataset, write_shards
+from hvdk8s.data import torch as loader_module
 from hvdk8s.data.torch import ShardedLoader
 from hvdk8s.trainer.torch import prefetch_depth
 
@@ -133,23 +135,35 @@ def test_stopping_early_leaves_no_reader_thread():
     assert set(threading.enumerate()) <= before
 
 
-def test_stopping_while_a_read_is_in_progress_waits_for_it():
-    gate = threading.Event()
+def test_stopping_while_a_read_is_in_progress_waits_for_it(monkeypatch):
+    gate, finished = threading.Event(), threading.Event()
+
+    class Stop(threading.Event):
+        """The loader's stop signal, which also lets the blocked read go on: the read ends only after
+        close() has asked the reader to stop, however slowly the consumer gets there."""
+
+        def set(self):
+            super().set()
+            gate.set()
+
+    monkeypatch.setattr(loader_module, "threading", SimpleNamespace(Event=Stop, Thread=threading.Thread,
+                                                                    current_thread=threading.current_thread))
 
     class Slow(Recording):
         def take(self, indices):
             out = super().take(indices)
             if self.reads == 2:  # the reader blocks in the second read
                 gate.wait(WAIT_S)
+                finished.set()
             return out
 
     ds = Slow(arrays())
     it = iter(ShardedLoader(ds, 5, rank=0, size=1, prefetch=2))
     next(it)
     assert ds.started[1].wait(WAIT_S)
-    threading.Timer(0.05, gate.set).start()  # close() below must wait for the read to end
     it.close()
-    assert gate.is_set() and no_reader_left()
+    assert finished.is_set()  # close() waited for the read in progress to end
+    assert no_reader_left()
     assert ds.reads == 2  # and the reader read nothing after it
 
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -60,6 +61,23 @@ def test_a_users_script_serves_both_ranks_on_the_first_ranks_port(tmp_path):
         assert scraped["hvdk8s_data_wait_seconds_total"][r + "|"] >= 0
         assert 0 <= scraped["hvdk8s_seconds_since_checkpoint"][r + "|"] < 60
     assert set(scraped) <= metrics.exported_names()
+
+
+def test_a_rank_waits_for_its_first_scrape_then_starts():
+    m = metrics.Metrics(job="j", rank=0)
+    m.serve(free_port(), local_rank=0, local_size=1, address="127.0.0.1")
+    try:
+        assert m.await_first_scrape(0.05) is False  # nobody scraped it: the bound ends the wait
+        waited: list[bool] = []
+        rank = threading.Thread(target=lambda: waited.append(m.await_first_scrape(300)))
+        rank.start()
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.server.server_port}/metrics", timeout=10) as r:
+            assert "hvdk8s_steps_total" in r.read().decode()
+        rank.join(60)
+        assert waited == [True]
+        assert metrics.Metrics(enabled=False).await_first_scrape(300) is False  # off: no wait at all
+    finally:
+        m.close()
 
 
 def test_the_last_sync_of_a_cached_dataset_is_recorded_for_the_ranks(tmp_path):
@@ -142,7 +160,9 @@ def by_rank(result: list[dict]) -> dict[str, float]:
 def launch_scraped(job: dict, tmp_path, env: dict | None = None) -> tuple[float, float, str]:
     """Run the job on 2 local ranks, held at its end until Prometheus has stored its final values (however
     fast the machine trains it); returns when it ran (Unix times) and its output."""
-    job["observability"]["metrics"]["final_scrape_timeout_seconds"] = 300  # a bound only: ends at the scrapes
+    # Bounds only: the ranks start once their zero counts are scraped (the rates' baseline) and end once
+    # their final values are.
+    job["observability"]["metrics"].update(first_scrape_timeout_seconds=300, final_scrape_timeout_seconds=300)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     began = time.time()

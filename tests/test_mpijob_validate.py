@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdk8s.mpijob.validate import (BUILTIN_SCHEMA, Problem, crd_schema_from_cluster, load_crd_schema,
+from hvdk8s.mpijob.validate import (BUILTIN_SCHEMA, Problem, load_crd_schema,
                                     validate_documents, validate_mpijob, validate_pod_template, validate_schema)
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "shared" / "k8s" / "mpijob-crd.yaml"
@@ -501,12 +501,6 @@ def test_load_crd_schema_errors_name_the_file(crd_schema, tmp_path):
     path.write_text("kind: ConfigMap\n")
     with pytest.raises(ValueError, match="not the MPIJob"):
         load_crd_schema(path)
-
-
-def test_crd_from_cluster_without_kubectl(monkeypatch):
-    monkeypatch.setenv("PATH", "")
-    with pytest.raises(RuntimeError, match="kubectl not found"):
-        crd_schema_from_cluster()
 
 
 CONFIGMAP = """

@@ -1,6 +1,6 @@
 """Mixed precision and gradient clipping in hvdk8s's trainer, both frameworks, on real ranks.
 (Adapter-level equivalence, 2 ranks against one process with clipping and fp16 loss scaling, is in
-test_collectives.py and test_tensorflow.py.)"""
+test_torch_adapter.py and test_tensorflow.py.)"""
 from __future__ import annotations
 
 import re

@@ -294,6 +294,17 @@ def test_volumes_are_mounted_where_ranks_run_and_only_there():
     assert "volumes" not in pod_of(job, "Launcher")  # mpirun needs none of them
 
 
+def test_a_volume_marked_launcher_is_mounted_in_the_launcher_too():
+    """`launcher: true` (software an elastic job's horovodrun needs from a volume): the launcher pod gets
+    that volume and its mount, as the workers do, and no other."""
+    job = job_of("gpu-1x8", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c}, "
+                            "{name: sw, mount_path: /sw, host_path: /opt/sw, read_only: true, launcher: true}]")
+    launcher = pod_of(job, "Launcher")
+    assert launcher["volumes"] == [{"name": "sw", "hostPath": {"path": "/opt/sw", "type": "Directory"}}]
+    assert launcher["containers"][0]["volumeMounts"] == [{"name": "sw", "mountPath": "/sw", "readOnly": True}]
+    assert {v["name"] for v in pod_of(job, "Worker")["volumes"]} >= {"ckpt", "sw"}
+
+
 def test_a_host_path_volume_mounts_an_existing_directory_where_the_ranks_run():
     job = job_of("gpu-1x8", "kubernetes.volumes=[{name: ckpt, mount_path: /ckpt, pvc: c}, "
                             "{name: scratch, mount_path: /scratch, host_path: /mnt/nvme/scratch}, "

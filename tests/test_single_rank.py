@@ -1,5 +1,6 @@
 """A rank that is its job's only rank for good (hvdk8s/tuning.py SINGLE_RANK): hvdk8s's init gives
-Horovod a 20 ms cycle unless the environment names one or says more ranks (or elastic ones) run, its
+Horovod a 20 ms cycle on CPU unless the environment names one, says more ranks (or elastic ones) run or
+that a launcher applied the job's tuning profile already, its
 background thread then wakes ~50 times a second instead of ~1000, and hvdk8s's own collectives return
 their one value without Horovod while a raw Horovod allreduce still works."""
 import json
@@ -16,18 +17,25 @@ from conftest import RANK_SCRIPTS, ROOT, run_ranks
 pytestmark = pytest.mark.ranks
 
 
-def test_the_long_cycle_is_only_for_one_rank_for_good_and_never_over_the_users_own():
-    assert tuning.single_rank_defaults({}) == tuning.SINGLE_RANK  # started on its own: no launcher
-    assert tuning.single_rank_defaults({"OMPI_COMM_WORLD_SIZE": "1", "PMI_SIZE": "1"}) == tuning.SINGLE_RANK
+def test_the_long_cycle_is_only_for_one_rank_for_good_on_cpu_and_never_over_the_users_own():
+    def cycle(env: dict, gpus: bool = False):
+        tuning.in_rank(env, gpus)
+        return env.get("HOROVOD_CYCLE_TIME")
+
+    assert cycle({}) == "20"  # started on its own: no launcher
+    assert cycle({"OMPI_COMM_WORLD_SIZE": "1", "PMI_SIZE": "1"}) == "20"
     for variable in tuning.WORLD_SIZE_VARIABLES:
-        assert tuning.single_rank_defaults({variable: "2"}) == {}, variable
-    assert tuning.single_rank_defaults({"OMPI_COMM_WORLD_SIZE": "1", "HOROVOD_ELASTIC": "1"}) == {}
-    assert tuning.single_rank_defaults({"HOROVOD_CYCLE_TIME": "0.5"}) == {}
+        assert cycle({variable: "2"}) is None, variable
+    assert cycle({"OMPI_COMM_WORLD_SIZE": "1", "HOROVOD_ELASTIC": "1"}) is None
+    assert cycle({"HOROVOD_CYCLE_TIME": "0.5"}) == "0.5"
+    assert cycle({}, gpus=True) is None  # a rank that sees a GPU: `auto` is no tuning
+    assert cycle({tuning.PROFILE_ENV: "shared-cpu"}) is None  # a launcher applied the profile: nothing added
 
 
 def run_alone(framework: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items()
-             if k not in tuning.WORLD_SIZE_VARIABLES and not k.startswith(("OMPI_", "HOROVOD_", "PMIX_"))}
+             if k not in (*tuning.WORLD_SIZE_VARIABLES, tuning.PROFILE_ENV)
+             and not k.startswith(("OMPI_", "HOROVOD_", "PMIX_"))}
     proc = subprocess.run([sys.executable, str(RANK_SCRIPTS / "single_rank.py"), framework], cwd=ROOT,
                           env={**clean, **env}, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -45,6 +45,17 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
     assert workgroups.work_unit(f"{some}::test_takes_the_server", tmp_path) == "cluster"
     assert workgroups.work_unit(f"{some}::test_plain", tmp_path) == f"{some}::test_plain"
     assert workgroups.work_unit(f"{whole}::test_anything", tmp_path) == "ranks"
+    node = _write(tmp_path, "test_node.py", """\
+        import pytest
+        pytestmark = [pytest.mark.skipif(False, reason="built"), pytest.mark.real_node]
+
+        def test_a_pod(cluster): ...
+
+        @pytest.mark.ranks
+        def test_a_job(tmp_path): ...
+    """)
+    assert workgroups.work_unit(f"{node}::test_a_pod", tmp_path) == "node"
+    assert workgroups.work_unit(f"{node}::test_a_job", tmp_path) == "node"
 
 
 def test_a_file_it_cannot_read_leaves_each_test_on_its_own(tmp_path):

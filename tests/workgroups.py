@@ -5,6 +5,9 @@
   except those also marked `one_rank`: one rank uses one core, so they may run beside the others.
 - Tests that take the API server (`cluster`, `own_cluster`, `namespace`) share one worker, and so one
   server (work unit "cluster").
+- Tests marked `real_node` (tests/test_cluster_node.py: a cluster and a real node of their own) share one
+  worker (work unit "node"), beside the rank tests: their ranks run in pods whose CPU limits add up to the
+  machine's cores, and much of their time is spent waiting for pods, probes and the operator.
 - Every other test goes to whichever worker is free.
 
 xdist's scheduler sees test ids only, not marks (its own `xdist_group` mark has no effect under pytest 9,
@@ -24,15 +27,18 @@ CLUSTER_FIXTURES = frozenset({"cluster", "own_cluster", "namespace"})
 
 @functools.lru_cache(maxsize=None)
 def _units(path: Path) -> dict[str, Optional[str]]:
-    """Each test function of a file and its work unit: 'ranks', 'cluster', or None (a unit of its own)."""
+    """Each test function of a file and its work unit: 'node', 'ranks', 'cluster', or None (a unit of its own)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    whole = any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
-                and "mark.ranks" in ast.unparse(node.value) for node in tree.body)
+    module_marks = " ".join(ast.unparse(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                            and any(getattr(t, "id", None) == "pytestmark" for t in node.targets))
+    whole = "mark.ranks" in module_marks
     units: dict[str, Optional[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
             marks = {ast.unparse(d).rsplit(".", 1)[-1] for d in node.decorator_list}
-            if "one_rank" in marks:
+            if "mark.real_node" in module_marks or "real_node" in marks:
+                units[node.name] = "node"
+            elif "one_rank" in marks:
                 units[node.name] = None
             elif whole or "ranks" in marks:
                 units[node.name] = "ranks"
@@ -42,7 +48,7 @@ def _units(path: Path) -> dict[str, Optional[str]]:
 
 
 def work_unit(nodeid: str, rootdir: Path) -> str:
-    """'ranks', 'cluster', or the test's own id (a unit of its own)."""
+    """'node', 'ranks', 'cluster', or the test's own id (a unit of its own)."""
     path, _, rest = nodeid.partition("::")
     try:
         unit = _units(rootdir / path).get(rest.split("[", 1)[0])
@@ -57,9 +63,12 @@ def check(items, rootdir: Path) -> None:
 
     for item in items:
         unit = work_unit(item.nodeid, rootdir)
+        if item.get_closest_marker("real_node") and unit != "node":
+            raise pytest.UsageError(f"{item.nodeid} is marked `real_node` in a way tests/workgroups.py cannot read: "
+                                    "mark the test function or the module (pytestmark)")
         if item.get_closest_marker("ranks") and not item.get_closest_marker("one_rank") and unit != "ranks":
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
-        if "cluster" in item.fixturenames and unit not in ("ranks", "cluster"):
+        if "cluster" in item.fixturenames and unit not in ("node", "ranks", "cluster"):
             raise pytest.UsageError(f"{item.nodeid} uses the API server: take one of "
                                     f"{', '.join(sorted(CLUSTER_FIXTURES))} as an argument of the test function")

@@ -3,7 +3,6 @@ sha256; the listing of an HTTP source, which cannot be listed otherwise) and the
 hvdk8s shard `index.json`. Both give the sync checksums to verify copies against."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -19,14 +18,6 @@ FORMAT = "hvdk8s-manifest"
 VERSION = 1
 SHARD_INDEX = "index.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_relative(path: str, where: str) -> str:

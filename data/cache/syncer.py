@@ -14,6 +14,8 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvdk8s.digest import sha256_file
+
 from . import locks, store
 from .diskio import fsync_dir
 from .errors import CacheError
@@ -21,7 +23,6 @@ from .keys import check_key, dataset_key, normalize_source
 from .layout import DatasetDir, Entry, Journal, Manifest
 from .plan import Plan, make_plan
 from .progress import SyncProgress
-from .published import sha256_file
 from .sources import Source, SourceFile, open_source
 from .timeouts import Timeouts, resolve
 from .transfer import fetch

@@ -25,10 +25,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from hvdk8s.errors import UserError
 from hvdk8s.launch.base import Condition, JobStatus, WaitTimeout, phase_of
 from hvdk8s.launch.kubeclient import TIMEOUT, ClusterError, Connection, connect, explain, translated
+from hvdk8s.mpijob.api import CRD_NAME, GROUP, KIND, PLURAL, VERSION
 from hvdk8s.mpijob.monitoring import POD_MONITOR_API, POD_MONITOR_KIND, POD_MONITOR_PLURAL
 
-GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
-CRD_NAME = f"{PLURAL}.{GROUP}"
 INSTALL_OPERATOR = ("install mpi-operator (kubectl apply --server-side -f https://raw.githubusercontent.com/"
                     "kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml)")
 # mpi-operator labels the launcher's pods so (defaultLabels in its controller).
@@ -178,6 +177,15 @@ class KubernetesLauncher:
                 return None
             raise
         return load_crd_schema(json.loads(response.data), VERSION)
+
+    def require_schema(self) -> dict:
+        """The served CRD's schema (`hvdk8s validate --crd-from-cluster`), or a one-line refusal."""
+        with self._errors():
+            schema = self.served_schema()
+        if schema is None:
+            raise ClusterError(f"may not read the {CRD_NAME} CRD of the cluster at {self.conn.server} (forbidden, or "
+                               f"not installed); check against a copy of it instead: --crd FILE")
+        return schema
 
     def check(self, job: dict[str, Any], source: str) -> Optional[str]:
         """Refuse the MPIJob unless it fits the served CRD; returns a note when hvdk8s's own rules stood in."""

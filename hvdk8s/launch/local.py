@@ -132,11 +132,15 @@ def rank_program(spec, job_file: Path, job_dir: Path, source: str, resume: bool 
 
 
 def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] = None,
-                job_dir: Optional[Path] = None, stall_timeout: Optional[int] = None) -> dict[str, str]:
+                job_dir: Optional[Path] = None, stall_timeout: Optional[int] = None, profile: str = "auto",
+                elastic: bool = False) -> dict[str, str]:
     """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON, the
-    job file, the job file's folder importable (for `factory` paths and scripts' own modules), and
-    the bound on a hung rank."""
+    job file, the job file's folder importable (for `factory` paths and scripts' own modules), the
+    bound on a hung rank, and the tuning `profile` (the job's resources.tuning) for `np` ranks here."""
     env = dict(os.environ if base is None else base)
+    placement = tuning.Placement(ranks=np, gpus=tuning.gpus_visible(env), elastic=elastic,
+                                 library=tuning.local_library())
+    profile_env = tuning.profile_env(profile, placement, env)
     env.update(stall_env(stall_timeout))
     if job_file is not None:
         env[JOB_ENV] = str(job_file)
@@ -153,7 +157,8 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
         "HVDK8S_EVENTS": "json",
         "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     })
-    return tuning.apply(env, ranks=np)
+    env.update(profile_env)  # computed from the environment the caller gave, as the renderer does from the job's
+    return env
 
 
 def prepare_dataset(spec):
@@ -233,7 +238,8 @@ class LocalLauncher:
             elastic = Elastic(spec.training.elastic.min_workers, spec.training.elastic.max_workers, script)
         cmd = command(rank_program(spec, job_file, job_dir, source, self.resume), self.np, self.controller, elastic)
         env = environment(self.np, job_file=job_file, job_dir=job_dir,
-                          stall_timeout=spec.training.stall_timeout_seconds)
+                          stall_timeout=spec.training.stall_timeout_seconds, profile=spec.resources.tuning,
+                          elastic=elastic is not None)
         env[events.TOKEN_ENV] = self.token
         env.update(horovod_env(spec))
         env[metrics.ADDRESS_ENV] = "127.0.0.1"  # a local job's metrics stay on this machine

@@ -10,8 +10,8 @@ the launcher Job's retries while the workers are still pulling the image. Gang s
 launcher early too (hvdk8s renders AtStartup there). So the launcher waits here, whatever the operator
 did: until every host of the operator's hostfile resolves and its sshd answers with an SSH banner, for
 at most --timeout seconds; then it execs the command, or exits 1 with one line per host saying what is
-still missing. An mpirun command gets the image's sleepy negotiation preloaded into every rank
-(hvdk8s.tuning; the path is the image's, so it is found here rather than written into the MPIJob).
+still missing. It adds nothing to the command or its environment: the ranks' tuning (hvdk8s.tuning) is
+written into the MPIJob's env, where a reader sees it.
 """
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, MutableMapping, Optional, Sequence
-
-from hvdk8s import tuning
+from typing import Callable, Optional, Sequence
 
 DEFAULT_HOSTFILE = "/etc/mpi/hostfile"  # the operator's ConfigMap, mounted on the launcher
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # what the operator points OpenMPI at
@@ -137,16 +135,6 @@ def wait_for(hosts: Sequence[str], port: int, timeout: float, *, probe_timeout: 
     return pending
 
 
-def with_sleepy_negotiation(command: list[str], env: MutableMapping[str, str]) -> list[str]:
-    """An mpirun `command` that forwards LD_PRELOAD with the sleepy negotiation to every rank (set in `env`);
-    any other command, or where the job turned it off or the image lacks it, unchanged."""
-    preload = tuning.preloads(env)
-    if preload is None or not command or Path(command[0]).name != "mpirun":
-        return command
-    env["LD_PRELOAD"] = preload
-    return [command[0], "-x", "LD_PRELOAD", *command[1:]]
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hvdk8s.launch.workers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hostfile", default=os.environ.get(HOSTFILE_ENV) or DEFAULT_HOSTFILE)
@@ -172,7 +160,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(f"hvdk8s: all {len(hosts)} worker(s) answer ssh after {time.monotonic() - started:.1f}s",
           file=sys.stderr, flush=True)
     if command:
-        command = with_sleepy_negotiation(command, os.environ)
         os.execvp(command[0], command)
 
 

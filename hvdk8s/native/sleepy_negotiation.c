@@ -10,13 +10,16 @@
  * This MPI_Allreduce starts those bitwise reductions as MPI_Iallreduce and sleeps between MPI_Tests
  * (FIRST_PAUSE_NS doubling to MAX_PAUSE_NS, timer slack 1 us so short sleeps stay short). Every other
  * allreduce (gradients: MPI_SUM) goes straight to Open MPI's: polling is what keeps a data exchange fast.
- * Open MPI only: it names its predefined ops ompi_mpi_op_band/_bor, and its handles are pointers; where
- * those names are not found (another MPI) every call passes straight through. */
+ * Open MPI 4.1 only, the release it was written and measured against: Open MPI names its predefined ops
+ * ompi_mpi_op_band/_bor and its handles are pointers, and 4.1 progresses a non-blocking collective inside
+ * MPI_Test. Where MPI_Get_library_version names another MPI or release (or those names are not found),
+ * every call passes straight through. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -24,8 +27,10 @@ typedef void *Handle; /* MPI_Datatype, MPI_Op, MPI_Comm and MPI_Request in Open 
 typedef int (*AllreduceFn)(const void *, void *, int, Handle, Handle, Handle);
 typedef int (*IallreduceFn)(const void *, void *, int, Handle, Handle, Handle, Handle *);
 typedef int (*TestFn)(Handle *, int *, void *);
+typedef int (*VersionFn)(char *, int *);
 
 enum {
+    VERSION_BYTES = 8192, /* Open MPI's MPI_MAX_LIBRARY_VERSION_STRING is 256 */
     FIRST_PAUSE_NS = 20000,
     MAX_PAUSE_NS = 200000, /* the most a wait can overrun its peer's arrival */
     TIMER_SLACK_NS = 1000,
@@ -50,14 +55,22 @@ static void *mpi_symbol(const char *name) {
     return found;
 }
 
+/* Whether the loaded MPI is the one this was written for (hvdk8s/tuning.py OPEN_MPI_SERIES). */
+static int written_for(void) {
+    static char text[VERSION_BYTES];
+    int length = 0;
+    VersionFn version = (VersionFn)mpi_symbol("PMPI_Get_library_version");
+    return version != NULL && version(text, &length) == 0 && strncmp(text, "Open MPI v4.1.", 14) == 0;
+}
+
 static void resolve(void) {
     mpi.allreduce = (AllreduceFn)mpi_symbol("MPI_Allreduce");
     mpi.iallreduce = (IallreduceFn)mpi_symbol("PMPI_Iallreduce");
     mpi.test = (TestFn)mpi_symbol("PMPI_Test");
     mpi.band = mpi_symbol("ompi_mpi_op_band");
     mpi.bor = mpi_symbol("ompi_mpi_op_bor");
-    if (mpi.iallreduce == NULL || mpi.test == NULL)
-        mpi.band = mpi.bor = NULL; /* no way to wait asleep: every call passes straight through */
+    if (mpi.iallreduce == NULL || mpi.test == NULL || !written_for())
+        mpi.band = mpi.bor = NULL; /* not the MPI it knows, or no way to wait asleep: every call passes through */
     if (mpi.allreduce == NULL) { /* a caller linked with MPI, yet no MPI loaded: nothing to pass on to */
         fputs("hvdk8s sleepy negotiation: MPI_Allreduce was called but no MPI library is loaded\n", stderr);
         abort();

@@ -32,6 +32,7 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
         synced = last_sync(spec.dataset)
         if synced is not None:
             steps.metrics.cache(**synced)
+        steps.metrics.await_first_scrape(spec.observability.metrics.first_scrape_timeout_seconds)
         if spec.training.elastic is not None:
             summary = run_elastic_epochs(spec, steps, resume=resume)
         else:

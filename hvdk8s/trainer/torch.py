@@ -100,7 +100,8 @@ class TorchSteps:
         self.distributed = False
         if t.elastic is not None:  # wrapped now, without a broadcast: the elastic state's sync is the one
             self.optimizer = ht.distribute(self.model, self.optimizer, compression=t.compression,
-                                           backward_passes_per_step=self.k, broadcast=False)
+                                           backward_passes_per_step=self.k, broadcast=False,
+                                           shard_optimizer_state=t.shard_optimizer_state)
             self.distributed = True
 
     def _plan_ranks(self) -> None:
@@ -130,7 +131,8 @@ class TorchSteps:
         """Wrap the optimizer once, after any resume (distribute broadcasts rank 0's restored state)."""
         if not self.distributed:
             self.optimizer = ht.distribute(self.model, self.optimizer, compression=self.training.compression,
-                                           backward_passes_per_step=self.k)
+                                           backward_passes_per_step=self.k,
+                                           shard_optimizer_state=self.training.shard_optimizer_state)
             self.distributed = True
 
     def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]:

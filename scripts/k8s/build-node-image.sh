@@ -12,17 +12,19 @@
 # libraries, TensorFlow; a copy would be tarred, imported and unpacked for every image build). The ranks get
 # the host's venv read-only by hostPath (`kubernetes.volumes`, see docs/k8s-stack.md "The real node"), at
 # /opt/hvdk8s-host, with the pyenv Python its bin/python links to at that same path (hvdk8s refuses a mount
-# that would hide the image's /opt/hvdk8s). hvdk8s gives `kubernetes.volumes` to rank pods only, so the
-# launcher (which runs `python -m hvdk8s.launch.workers` and mpirun, nothing else) has no such mount: it
-# uses the image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources.
+# that would hide the image's /opt/hvdk8s). hvdk8s gives `kubernetes.volumes` to the launcher only where a
+# volume says `launcher: true` (an elastic job's horovodrun needs Horovod), so a plain job's launcher
+# (which runs `python -m hvdk8s.launch.workers` and mpirun, nothing else) has no such mount: it uses the
+# image's own /opt/hvdk8s-image, a venv of Debian's python3 with a copy of hvdk8s's sources.
 # The same holds for a cached dataset's init containers (they mount the cache and the dataset's source only,
 # mpijob/cache.py), which run `hvdk8s cache sync`: so that venv also gets the CLI's and the HTTP(S) sync's
 # dependencies (pydantic, PyYAML, click, rich, fsspec, aiohttp and what they require; not s3fs/botocore, so
 # not S3 sources), copied file by file from the host's venv (HVDK8S_VENV, default ROOT/.venv: cp311 wheels,
 # which Debian's Python 3.11 runs), as Dockerfile.gpu's image has hvdk8s installed with its dependencies.
 # /opt/hvdk8s/bin (Dockerfile.gpu's path, first on PATH, also in
-# sshd's SetEnv) holds `python`, `python3` and `hvdk8s`, which run the mounted venv where it is mounted
-# and the image's otherwise. The image's /root is 0711 so that uid 1000 can reach the pyenv mount.
+# sshd's SetEnv) holds `python`, `python3`, `hvdk8s` and `horovodrun`, which run the mounted venv where it
+# is mounted and the image's otherwise (horovodrun: only the mounted one has Horovod). The image's /root is
+# 0711 so that uid 1000 can reach the pyenv mount.
 #
 # Environment: HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s); HVDK8S_DEBIAN_MIRROR (default
 # http://deb.debian.org/debian); HVDK8S_VENV (default ROOT/.venv). Needs root, debootstrap, gcc with static
@@ -166,8 +168,17 @@ print(" ".join(f"{n}=={v}" for n, v in sorted(seen.items())))
 print("\n".join(sorted(set(files))))
 EOF
 VENV_SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-# hvdk8s's packages where setup.py installs them (its PACKAGE_DIR): repository folder, place under hvdk8s/.
-HVDK8S_PACKAGES=(hvdk8s:hvdk8s mpijob:hvdk8s/mpijob models:hvdk8s/models data:hvdk8s/data)
+# hvdk8s's packages where setup.py installs them, read from its PACKAGE_DIR (the one list): "folder:place",
+# the repository folder and its place under site-packages (hvdk8s.bench -> bench:hvdk8s/bench).
+mapfile -t HVDK8S_PACKAGES < <("$VENV/bin/python" - "$ROOT/setup.py" <<'EOF'
+import ast, sys
+tree = ast.parse(open(sys.argv[1], encoding="utf-8").read())
+(node,) = [n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PACKAGE_DIR"]
+for name, folder in sorted(ast.literal_eval(node.value).items()):
+    print(f"{folder}:{name.replace('.', '/')}")
+EOF
+)
+[ "${#HVDK8S_PACKAGES[@]}" -gt 0 ] || die "no PACKAGE_DIR in $ROOT/setup.py"
 istamp=$( (cat "$0"; printf '%s' "$bstamp"; head -n1 "$deps_list"
   cd "$ROOT" && for p in "${HVDK8S_PACKAGES[@]}"; do find "${p%%:*}" -name '*.py' -type f; done | LC_ALL=C sort | xargs cat) |
   sha256sum | cut -c1-12)
@@ -208,6 +219,8 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
     printf '#!/bin/sh\n# the mounted venv where there is one (rank pods), else the image'"'"'s own (the launcher)\n[ -x /opt/hvdk8s-host/bin/python ] && exec /opt/hvdk8s-host/bin/python "$@"\nexec /opt/hvdk8s-image/bin/python "$@"\n' >"$r/opt/hvdk8s/bin/$cmd"
   done
   printf '#!/bin/sh\nexec /opt/hvdk8s/bin/python -m hvdk8s "$@"\n' >"$r/opt/hvdk8s/bin/hvdk8s"
+  # An elastic job's launcher runs horovodrun: Horovod's, from the mounted venv (a `launcher: true` volume).
+  printf '#!/bin/sh\nexec /opt/hvdk8s/bin/python -c '"'"'import sys; sys.argv[0] = "horovodrun"; from horovod.runner.launch import run_commandline; sys.exit(run_commandline())'"'"' "$@"\n' >"$r/opt/hvdk8s/bin/horovodrun"
   chmod 0755 "$r"/opt/hvdk8s/bin/*
   chroot "$r" /opt/hvdk8s/bin/python -c 'import hvdk8s.launch.workers' || die "hvdk8s.launch.workers does not import in the image"
   chroot "$r" /opt/hvdk8s/bin/hvdk8s cache sync --help >/dev/null || die "hvdk8s cache sync does not run in the image"

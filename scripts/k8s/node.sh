@@ -156,7 +156,10 @@ tr '\0' ' ' <"/proc/$(cat "$STATE/controller-manager.pid" 2>/dev/null || echo 0)
   grep -q 'node-lifecycle-controller' ||
   die "the cluster's kube-controller-manager runs no node-lifecycle-controller: start it with this checkout's start-135.sh"
 NODE_DIR=$(bash "$HERE/build-node.sh" | tail -n1)
-mapfile -t IMAGES < <(bash "$HERE/build-node-image.sh")
+# Its paths on stdout (a failed build has said why on stderr; `< <(...)` alone would hide its exit status).
+images=$(bash "$HERE/build-node-image.sh") || die "the node image did not build (above)"
+mapfile -t IMAGES <<<"$images"
+[ "${#IMAGES[@]}" -ge 2 ] || die "build-node-image.sh printed ${#IMAGES[@]} image paths, not 2"
 BIN=$NODE_DIR/bin CNI_BIN=$NODE_DIR/cni/bin
 PAUSE_IMAGE=$(cat "${IMAGES[0]}.name") NODE_IMAGE=$(cat "${IMAGES[1]}.name")
 kc() { kubectl --kubeconfig "$STATE/kubeconfig" "$@"; }

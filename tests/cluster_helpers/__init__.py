@@ -30,9 +30,10 @@ from typing import Any, Optional
 
 import yaml
 
+from hvdk8s.mpijob.api import GROUP, PLURAL, VERSION  # noqa: F401  (the cluster tests import them from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "k8s"
-GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 ADMIN, NOBODY = "hvdk8s-test", "hvdk8s-test-nobody"  # contexts start-135.sh writes
 NODES, NODE_GPUS = 4, 8  # kwok's fake nodes (32 CPUs, 256Gi, NODE_GPUS nvidia.com/gpu, 1 rdma/ib each)
 EXIT_CODE = "hvdk8s.test/exit-code"  # the annotation on which kwok ends a pod's containers (with this code)

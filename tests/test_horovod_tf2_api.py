@@ -1,0 +1,89 @@
+"""hvdk8s.horovod.tensorflow in one process, without ranks: Horovod's names are all there with Horovod's
+signatures, what Keras 3 no longer allows is refused with the replacement named, and the tf.keras 2
+spellings Horovod's scripts use are accepted. (2-rank behaviour: tests/test_horovod_tf2.py.)"""
+import inspect
+
+import pytest
+
+hvd = pytest.importorskip("hvdk8s.horovod.tensorflow")
+import horovod.tensorflow as horovod_tf  # noqa: E402
+import horovod.tensorflow.keras as horovod_keras  # noqa: E402
+import keras  # noqa: E402
+
+import hvdk8s.horovod.tensorflow.keras as hvdk  # noqa: E402
+
+TF_NAMES = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "allreduce",
+            "grouped_allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object",
+            "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+            "Compression", "Average", "Sum", "Adasum", "ProcessSet", "global_process_set", "SyncBatchNormalization",
+            "broadcast_global_variables", "join", "start_timeline", "stop_timeline"]
+KERAS_NAMES = ["init", "rank", "size", "DistributedOptimizer", "allreduce", "allgather", "broadcast", "reducescatter",
+               "load_model", "broadcast_global_variables", "Compression", "Average", "Sum"]
+CALLBACKS = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
+             "LearningRateWarmupCallback", "BestModelCheckpoint"]
+ELASTIC = ["run", "TensorFlowKerasState", "TensorFlowState"]
+KERAS_ELASTIC = ["run", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"]
+
+
+def params(f) -> list[str]:
+    return list(inspect.signature(f).parameters)
+
+
+@pytest.mark.parametrize("ours, theirs, names", [
+    (hvd, horovod_tf, TF_NAMES), (hvdk, horovod_keras, KERAS_NAMES), (hvdk.callbacks, horovod_keras.callbacks, CALLBACKS),
+    (hvd.elastic, horovod_tf.elastic, ELASTIC), (hvdk.elastic, horovod_keras.elastic, KERAS_ELASTIC)],
+    ids=["tensorflow", "keras", "callbacks", "elastic", "keras.elastic"])
+def test_every_name_is_there_with_horovods_parameters(ours, theirs, names):
+    for name in names:
+        mine, horovods = getattr(ours, name), getattr(theirs, name)
+        if callable(horovods) and not isinstance(horovods, type(hvd.Average)):
+            target = horovods.__init__ if inspect.isclass(horovods) else horovods
+            own = mine.__init__ if inspect.isclass(mine) else mine
+            if params(target) == ["args", "kwargs"]:  # horovod.tensorflow.init wraps its basics' init
+                target = horovod_tf.mpi_ops._basics.init
+            assert params(own) == params(target), name
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: hvd.broadcast_global_variables(0), ["broadcast_variables(model.variables"]),
+    (lambda: hvd.BroadcastGlobalVariablesHook(0), ["TensorFlow 1", "broadcast_variables"]),
+    (lambda: hvdk.broadcast_global_variables(0), ["broadcast_variables(model.variables"]),
+    (lambda: hvdk.load_model("m.keras", legacy_opts=True), ["Keras 3 removed", "without legacy_opts"]),
+    (lambda: hvdk.callbacks.BestModelCheckpoint(), ["keras.callbacks.ModelCheckpoint", "save_best_only"]),
+    (lambda: hvd.elastic.TensorFlowState(), ["pass e.g. model.variables"]),
+    (lambda: hvd.DistributedOptimizer(object()), ["Keras 3 optimizer"]),
+    (lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Adasum), ["Adasum"]),
+    (lambda: hvd.DistributedGradientTape(None, op=hvd.Sum, gradient_predivide_factor=2.0), ["op != Average"]),
+], ids=["broadcast_global_variables", "hook", "keras broadcast_global_variables", "legacy_opts", "BestModelCheckpoint",
+        "TensorFlowState", "not an optimizer", "adasum", "predivide with Sum"])
+def test_what_keras_3_no_longer_allows_is_refused_naming_the_replacement(call, names):
+    with pytest.raises((NotImplementedError, ValueError, TypeError)) as e:
+        call()
+    for text in names:
+        assert text in str(e.value)
+
+
+def test_keras_3_takes_the_tf_keras_2_spellings_of_horovods_scripts():
+    opt = keras.optimizers.SGD(0.1)
+    assert opt.variables() == opt.variables and isinstance(opt.variables, list)
+    assert opt.lr is opt.learning_rate
+    opt.lr = 0.5
+    assert float(opt.learning_rate) == 0.5
+    lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    assert lso.variables() == lso.variables
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  experimental_run_tf_function=False)
+    assert model.jit_compile is False  # Horovod's ops have no XLA kernels
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=True)
+    assert model.jit_compile is True  # a plain optimizer: Keras 3's choice stands
+
+
+def test_distributed_optimizer_keeps_class_settings_and_state():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.Adam(0.01, beta_1=0.8)
+    opt.build(model.trainable_variables)
+    opt.variables[-1].assign(opt.variables[-1] + 1.0)
+    dist = hvd.DistributedOptimizer(opt, backward_passes_per_step=2)
+    assert isinstance(dist, keras.optimizers.Adam) and dist.beta_1 == 0.8 and dist.gradient_accumulation_steps == 2
+    assert [v.numpy().tolist() for v in dist.variables[-1:]] == [v.numpy().tolist() for v in opt.variables[-1:]]

@@ -1,0 +1,108 @@
+"""Optimizer state sharded across ranks (training.shard_optimizer_state, ZeRO stages 1 and 2): the job
+file's field, and real Horovod ranks (tests/ranks/sharded.py) trained sharded against unsharded data
+parallelism, checkpointed at 2 ranks and resumed at 1, and hvdk8s's trainer end to end."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from conftest import DIGITS_JOB, cli, rank_results, run_ranks
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["training.shard_optimizer_state=3"], "training.shard_optimizer_state: Input should be 0, 1 or 2"),
+    (["training.shard_optimizer_state=true"], "training.shard_optimizer_state: a stage, 0, 1 or 2, not true"),
+    (["training.shard_optimizer_state=1", "framework=tensorflow"],
+     "training.shard_optimizer_state: not yet available for tensorflow"),
+])
+def test_a_bad_stage_is_named_with_exit_2(sets, says):
+    run = cli("validate", DIGITS_JOB, *[a for s in sets for a in ("--set", s)])
+    assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_stages_0_to_2_are_valid():
+    for stage in (0, 1, 2):
+        run = cli("validate", DIGITS_JOB, "--set", f"training.shard_optimizer_state={stage}", "--print")
+        assert run.returncode == 0 and f"shard_optimizer_state: {stage}" in run.stdout, run.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """2 ranks: the equivalence scenarios, memory, a checkpoint; then that checkpoint resumed at 1 rank."""
+    out, ckpt = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("ckpt")
+    run_ranks("sharded.py", out, ckpt, "train")
+    two = rank_results(out)
+    out1 = tmp_path_factory.mktemp("one")
+    run_ranks("sharded.py", out1, ckpt, "resume", np=1)
+    return two, rank_results(out1, np=1)[0], ckpt
+
+
+@pytest.mark.ranks
+def test_stages_1_and_2_end_where_unsharded_data_parallelism_does(trained):
+    two, _, _ = trained
+    for r in two:
+        for name, result in r["equivalence"].items():
+            assert result["same_on_every_rank"], name
+            assert result["moved"] > 0.02, (name, result)  # the steps really trained
+            # Float rounding: the clipping norm summed from shards (3e-8 measured with Adam; 0 without clipping).
+            assert result["stage1"] < 1e-6 and result["stage2"] < 1e-6, (name, result)
+
+
+@pytest.mark.ranks
+def test_an_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(trained):
+    two, _, _ = trained
+    results = [r["equivalence"]["adamw, fp16 loss scaling, clipping"] for r in two]
+    for r in results:
+        for stage in ("0", "1", "2"):
+            assert r["applied"][stage][5] is False, r["applied"]  # the poisoned step, poisoned on rank 0 only
+            assert r["applied"][stage] == r["applied"]["0"]
+
+
+@pytest.mark.ranks
+def test_each_rank_holds_half_the_optimizer_state_and_stage_2_half_the_gradients(trained):
+    two, _, _ = trained
+    for r in two:
+        mem, param_bytes = r["memory"], 4 * r["parameters"]
+        assert mem["0"]["optimizer_state"] >= 2 * param_bytes  # Adam: two moments per parameter
+        for stage in ("1", "2"):  # half, to the padding (one element per chunk) and the scalar steps
+            assert abs(mem[stage]["optimizer_state"] - mem["0"]["optimizer_state"] / 2) < 64, mem
+        assert mem["0"]["gradients"] == param_bytes
+        assert mem["1"]["gradients"] >= param_bytes  # stage 1 keeps this rank's whole gradients
+        assert abs(mem["2"]["gradients"] - param_bytes / 2) < 16, mem  # stage 2: its shard only
+
+
+@pytest.mark.ranks
+def test_a_checkpoint_of_2_sharded_ranks_resumes_at_1_rank_sharded_or_not(trained, tmp_path):
+    two, one, ckpt = trained
+    assert two[0]["checkpoint"] and two[1]["checkpoint"] is None
+    saved = torch.load(two[0]["checkpoint"], weights_only=True)
+    params = {name: torch.nn.Parameter(t.clone()) for name, t in saved["model"].items()}
+    plain = torch.optim.AdamW([{"params": [p for n, p in params.items() if n.endswith(kind)]}
+                               for kind in ("weight", "bias")])  # the script's two groups
+    plain.load_state_dict(saved["optimizer"])  # the unsharded format: a plain AdamW of this model takes it
+    assert {tuple(s["exp_avg"].shape) for s in plain.state.values()} == {tuple(p.shape) for p in params.values()}
+    assert one["resumed_epoch_stage1"] == one["resumed_epoch_stage0"] == 1
+    expected = two[0]["continued"]
+    for stage in ("1", "0"):
+        worst = max(abs(a - b) for p, q in zip(one["continued"][stage], expected) for a, b in zip(p, q))
+        assert worst < 1e-5, (stage, worst)
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_trainer_trains_digits_sharded_and_resumes_at_another_rank_count(stage, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    common = ["--set", f"training.shard_optimizer_state={stage}", "--set", f"training.checkpoint.dir={ckpt}",
+              "--set", "training.optimizer=adamw", "--set", "training.learning_rate=0.003",
+              "--set", "training.weight_decay=0.01", "--set", "training.clip_grad_norm=5.0",
+              "--set", "training.precision=bf16"]
+    first = cli("launch", "--local", "-np", "2", DIGITS_JOB, *common, "--set", "training.epochs=8")
+    assert first.returncode == 0, first.stdout + first.stderr
+    accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", first.stdout).group(1))
+    assert accuracy >= 93.0, first.stdout
+    second = cli("launch", "--local", "-np", "1", DIGITS_JOB, *common, "--set", "training.epochs=9")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert re.search(r"resumed from \S+ \(epoch 8,", second.stdout), second.stdout
+    assert re.findall(r"^epoch (\d+)/9 ", second.stdout, re.M) == ["9"], second.stdout
