@@ -24,7 +24,7 @@ args = parser.parse_args()
 
 hvd.init()
 lr = 0.01
-model = applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), classes=10)
+model = applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), classes=10)  # the smallest Keras application
 opt = tf.optimizers.SGD(lr * hvd.size())
 data, target = synthetic_batch(args.batch_size)
 

@@ -15,7 +15,7 @@ import hvdk8s.horovod.tensorflow as hvd
 
 parser = argparse.ArgumentParser()
 benchmark_arguments(parser)
-parser.add_argument("--model", default="MobileNetV2")
+parser.add_argument("--model", default="MobileNetV3Small")  # the smallest Keras application
 parser.add_argument("--num-iters", type=int, default=3)
 args = parser.parse_args()
 
