@@ -82,12 +82,12 @@ def test_other_output_is_no_event(line):
 def test_a_log_draws_as_the_local_view_draws_its_events():
     from rich.console import Console
 
-    from hvdk8s.launch.local import _ProgressView
+    from hvdk8s.launch.progress import ProgressView
 
     log = ["ssh: worker-0 added", *[events.format_text(e) for e in EVENTS], "@hvdk8s " + json.dumps(EVENTS[4])]
     shown, local = io.StringIO(), io.StringIO()
     logview.show(log, Console(file=shown, width=200))
-    view = _ProgressView(Console(file=local, width=200))
+    view = ProgressView(Console(file=local, width=200))
     view.passthrough("ssh: worker-0 added")
     for event in EVENTS + [EVENTS[4]]:
         view.show(event)

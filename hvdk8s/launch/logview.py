@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Iterable, Optional
 
 from hvdk8s import events, failures, logformat
+from hvdk8s.launch.progress import ProgressView
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
 _INT = r"\d+"
@@ -76,9 +77,7 @@ def event_of(line: str) -> Optional[dict[str, Any]]:
 
 def show(lines: Iterable[str], console) -> Optional[failures.Failure]:
     """Draw a log: events through the local launch's progress view, every other line as it is."""
-    from hvdk8s.launch.local import _ProgressView
-
-    return draw(lines, _ProgressView(console))
+    return draw(lines, ProgressView(console))
 
 
 def first_failure(lines: Iterable[str]) -> Optional[failures.Failure]:
