@@ -43,7 +43,7 @@ Average, Sum = hvd.Average, hvd.Sum
 _COMPRESSORS = {"fp16": hvd.Compression.fp16, "none": hvd.Compression.none}
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-__all__ = [*CONTRACT, "device", "autocast", "grad_scaler", "step"]
+__all__ = [*CONTRACT, "device", "share_cores", "autocast", "grad_scaler", "step"]
 
 
 def init(threads_per_rank: Optional[int] = None) -> None:
@@ -57,11 +57,17 @@ def init(threads_per_rank: Optional[int] = None) -> None:
     if on_gpu:
         torch.cuda.set_device(hvd.local_rank())
         return
-    torch.set_num_threads(_adapter.cpu_threads(threads_per_rank, hvd.local_size()))
+    share_cores(threads_per_rank)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set, or parallel work already ran in this process
         pass
+
+
+def share_cores(threads_per_rank: Optional[int] = None) -> None:
+    """On CPU: this rank's intra-op threads, `threads_per_rank` or the node's cores divided among its ranks
+    now (at least one). `init` calls it; an elastic job calls it again after its ranks change."""
+    torch.set_num_threads(_adapter.cpu_threads(threads_per_rank, hvd.local_size()))
 
 
 def is_rank0() -> bool:

@@ -35,6 +35,7 @@ def test_every_rank_ran_with_one_thread_on_this_machine(results):
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 for r in results)
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in results)
+    assert all(r["threads_given"] == 3 for r in results)
 
 
 def test_ranks_of_a_two_rank_job_keep_horovods_cycle(results):

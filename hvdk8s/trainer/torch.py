@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 import hvdk8s.torch as ht
-from hvdk8s._adapter import cpu_threads
 from hvdk8s.data.datasets import ArrayDataset, IndexSubset
 from hvdk8s.data.sharding import unread_after
 from hvdk8s.data.shards import ShardedDataset
@@ -118,7 +117,7 @@ class TorchSteps:
     def reshard(self) -> None:
         self.rank, self.size = ht.rank(), ht.size()
         if ht.device().type == "cpu":  # this node's cores, shared by the ranks it has now
-            torch.set_num_threads(cpu_threads(None, ht.local_size()))
+            ht.share_cores()
         self._plan_ranks()
 
     def elastic_state(self, **attrs: Any) -> ht.ElasticState:

@@ -23,6 +23,9 @@ out_dir, shard_dir = Path(sys.argv[1]), Path(sys.argv[2])
 ht.init()
 rank, size = ht.rank(), ht.size()
 res = {"rank": rank, "size": size, "threads": torch.get_num_threads(), "cycle_time": os.environ.get("HOROVOD_CYCLE_TIME")}
+ht.share_cores(3)  # a share given explicitly (an elastic job re-shares after its ranks change)
+res["threads_given"] = torch.get_num_threads()
+ht.share_cores()
 
 # --- collectives ---------------------------------------------------------------------------------
 t = torch.arange(4, dtype=torch.float32) + 10 * rank
