@@ -22,6 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "scripts" / "k8s"
 DIGITS_JOB = ROOT / "examples" / "digits.yaml"
+HELD_DIGITS = ROOT / "tests" / "user_code" / "held_digits.py"
 
 
 def _built() -> str | None:
@@ -350,18 +351,24 @@ def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
     """Checkpoints on a node volume (hostPath): a worker pod deleted mid-training kills that mpirun; the
     operator recreates the worker, the launcher Job retries in a new pod (restartPolicy Never; the failed
     one stays), which waits for both workers, and the ranks resume from the newest checkpoint and finish;
-    the MPIJob Succeeds."""
+    the MPIJob Succeeds. The digits come from tests/user_code/held_digits.py, whose rank 0 holds the first
+    run at its third epoch until the deleted worker ends it: the job cannot end before the test deletes
+    the worker, at any speed."""
+    epochs = 5
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     ckpt.chmod(0o777)  # the ranks run as uid 1000; hostPath volumes keep the host's ownership
     job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
     job["name"] = "digits-ckpt"
-    job["training"].update(epochs=12, checkpoint={"dir": "/ckpt/digits"})
+    job["dataset"] = {"factory": "held_digits:digits_held_once", "args": {"marker": "/ckpt/held"}}
+    job["training"].update(epochs=epochs, checkpoint={"dir": "/ckpt/digits"})
     job["kubernetes"]["volumes"].append({"name": "ckpt", "host_path": str(ckpt), "mount_path": "/ckpt"})
+    job["kubernetes"]["env"] = {"PYTHONPATH": str(HELD_DIGITS.parent)}  # mpirun passes it to the ranks
+    shutil.copy(HELD_DIGITS, tmp_path)  # beside the job file, for hvdk8s launch's own check
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert hvdk8s(node, "launch", str(tmp_path / "job.yaml")).returncode == 0
-    node.wait_for("the second epoch's checkpoint", lambda: (ckpt / "digits" / "epoch-00002.ckpt").exists(),
-                  timeout=300)
+    node.wait_for("the first run to hold at its third epoch", (ckpt / "held").exists, timeout=300)
+    assert (ckpt / "digits" / "epoch-00002.ckpt").exists(), sorted(p.name for p in (ckpt / "digits").iterdir())
     first_uid = node.get("pod", "-n", "default", "digits-ckpt-worker-1")["metadata"]["uid"]
     node.kubectl("delete", "pod", "-n", "default", "digits-ckpt-worker-1", "--wait=false")
 
@@ -377,7 +384,7 @@ def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
     raw = hvdk8s(node, "logs", "--raw", "digits-ckpt").stdout  # the launcher's last run (the newest pod)
     resumed = [line for line in raw.splitlines() if line.startswith("resumed from /ckpt/digits/epoch-")]
     assert resumed and int(resumed[0].split("(epoch ")[1].split(",")[0]) >= 2, raw
-    assert "done: test accuracy" in raw and "after 12 epochs" in raw, raw
+    assert "done: test accuracy" in raw and f"after {epochs} epochs" in raw, raw
     second = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt,hvdk8s.io/role=worker")["items"]
     assert first_uid not in {p["metadata"]["uid"] for p in second}  # worker-1 is a new pod (or already gone)
     assert hvdk8s(node, "delete", "digits-ckpt").returncode == 0
@@ -391,12 +398,19 @@ def test_an_elastic_job_loses_and_regains_a_worker(node, tmp_path):
     it trains takes its rank down; the job goes on at 1 rank; the operator recreates the pod under the same
     DNS name, which horovodrun takes back once its blacklist cooldown ends (without the rendered
     --blacklist-cooldown-range it never would: docs/k8s-stack.md section 6, difference 6), and the job
-    finishes at 2 ranks with every epoch trained; the operator marks the MPIJob Succeeded."""
+    finishes at 2 ranks with every epoch trained; the operator marks the MPIJob Succeeded. The digits come
+    from tests/user_code/held_digits.py (in the mounted checkout), whose rank 0 holds each epoch from the
+    third on until the loss, then the return, of the worker has reached it: the events come in this order
+    at any speed."""
+    epochs = 6
     job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
     job["name"] = "digits-elastic"
-    job["training"].update(epochs=40, elastic={"min_workers": 1, "max_workers": 2, "commit_every_steps": 4})
+    job["dataset"] = {"factory": "held_digits:digits_held_at_changes", "args": {"framework": "pytorch"}}
+    job["training"].update(epochs=epochs, elastic={"min_workers": 1, "max_workers": 2, "commit_every_steps": 4})
+    job["kubernetes"]["env"] = {"PYTHONPATH": str(HELD_DIGITS.parent)}  # horovodrun passes it to the ranks
     for volume in job["kubernetes"]["volumes"]:
         volume["launcher"] = True
+    shutil.copy(HELD_DIGITS, tmp_path)  # beside the job file, for hvdk8s launch's own check
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     launched = hvdk8s(node, "launch", str(tmp_path / "job.yaml"))
     assert launched.returncode == 0, launched.stdout + launched.stderr
@@ -423,7 +437,7 @@ def test_an_elastic_job_loses_and_regains_a_worker(node, tmp_path):
     until("the job on 2 ranks again", lambda: 2 in (now := sizes())[now.index(1):])
     assert node.wait_for("the MPIJob to end", ended, timeout=420) == "Succeeded", events()
     seen = events()
-    assert [e["epoch"] for e in seen if e["event"] == "epoch"][-1] == 40, seen
+    assert [e["epoch"] for e in seen if e["event"] == "epoch"][-1] == epochs, seen
     done = [e for e in seen if e["event"] == "done"]
     assert done and done[0]["test_accuracy"] > 0.9, seen
     workers = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-elastic,hvdk8s.io/role=worker")["items"]
