@@ -6,13 +6,12 @@ bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 # The project's own bytecode too (setup.sh compiles what it installs): ranks import it at every start.
 .venv/bin/python -m compileall -q hvdk8s mpijob data models bench >/dev/null || true
-# Workers (pytest-xdist): tests that start Horovod ranks run one at a time on one of them, the real-node
-# tests on another, the API-server tests on one, the rest beside them (tests/workgroups.py). One worker
-# more than cores: the node and cluster tests spend much of their time waiting for pods, probes and
-# controllers, which the others fill (on an idle 2-core machine 40% of the cores sat idle in a serial run).
+# Workers (pytest-xdist): four long streams, each on a worker of its own (tests/workgroups.py): the tests
+# that start Horovod ranks in two (TensorFlow's and the others, one test at a time in each), the real-node
+# tests, the API-server tests; the rest fill in beside them. More workers than a 2-core machine's cores:
+# the node and cluster tests spend much of their time waiting for pods, probes and controllers.
 # HVDK8S_TEST_WORKERS=0 runs everything in this one process.
-cores=$(nproc)
-workers=${HVDK8S_TEST_WORKERS:-$(( cores < 2 ? 3 : cores > 3 ? 4 : cores + 1 ))}
+workers=${HVDK8S_TEST_WORKERS:-4}
 if [ "$workers" -gt 0 ]; then
   set -- -n "$workers" --dist loadgroup "$@"
 fi

@@ -55,7 +55,9 @@ def _held_job(job_file, framework: str, epochs: int, shard_optimizer_state: int 
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("framework, sharded", [("pytorch", 0), ("tensorflow", 0), ("pytorch", 2)])
+# PyTorch runs sharded (stage 2), which takes the whole elastic path of an unsharded job and re-shards on
+# top; the unsharded PyTorch job loses and regains a worker on the real node (test_cluster_node.py).
+@pytest.mark.parametrize("framework, sharded", [("tensorflow", 0), ("pytorch", 2)])
 def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, sharded):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it
     runs on 1 rank. The launch must report both changes, train every epoch and reach 95% on digits. (Elastic

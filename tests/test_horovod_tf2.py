@@ -27,12 +27,13 @@ def mnist_like(path):
     return path
 
 
-@pytest.mark.parametrize("fp16", [False, True], ids=["none", "fp16"])
-def test_the_synthetic_benchmark_runs_and_leaves_the_ranks_equal(tmp_path, fp16):
+def test_the_synthetic_benchmark_runs_and_leaves_the_ranks_equal(tmp_path):
     """DistributedGradientTape in a tf.function, then broadcast_variables of model.variables and of
     opt.variables() after the first step (what failed on Keras 3 with 'Variable' object has no attribute 'ref').
-    The trainable variables end equal (batch normalization's moving statistics follow each rank's own data)."""
-    proc = run_ranks("hvd_tf2_synthetic.py", tmp_path, *(["--fp16-allreduce"] if fp16 else []))
+    The trainable variables end equal (batch normalization's moving statistics follow each rank's own data).
+    With --fp16-allreduce, the example's compression path; the tape without compression is the equivalence
+    tests' (below), which also check fp16 against one process."""
+    proc = run_ranks("hvd_tf2_synthetic.py", tmp_path, "--fp16-allreduce")
     r0, r1 = rank_results(tmp_path)
     assert r0["size"] == 2 and r0["initial"] != r1["initial"], "the ranks should start from different weights"
     assert r0["final"] == r1["final"] and r0["optimizer"] == r1["optimizer"]

@@ -41,6 +41,9 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
         def test_anything(cluster): ...
     """)
     assert workgroups.work_unit(f"{some}::test_starts_ranks[1]", tmp_path) == "ranks"
+    # TensorFlow's rank tests are a second stream, run beside the first.
+    assert workgroups.work_unit(f"{some}::test_starts_ranks[tensorflow]", tmp_path) == "ranks-tensorflow"
+    assert workgroups.work_unit(f"{some}::test_starts_ranks[custom_keras.py]", tmp_path) == "ranks-tensorflow"
     assert workgroups.work_unit(f"{some}::test_starts_one_rank", tmp_path) == f"{some}::test_starts_one_rank"
     assert workgroups.work_unit(f"{some}::test_takes_the_server", tmp_path) == "cluster"
     assert workgroups.work_unit(f"{some}::test_plain", tmp_path) == f"{some}::test_plain"

@@ -1,8 +1,10 @@
 """How `pytest -n N --dist loadgroup` (scripts/test.sh) shares the suite among its workers.
 
-- Tests marked `ranks` start real Horovod ranks: each uses every core, and some bound how long a rank
-  may take to die. They run one at a time, on one worker, as they would alone (work unit "ranks"),
-  except those also marked `one_rank`: one rank uses one core, so they may run beside the others.
+- Tests marked `ranks` start real Horovod ranks: 2 ranks use a 2-core machine's cores. They run two at a
+  time: those whose ranks run TensorFlow one after another on one worker (work unit "ranks-tensorflow"),
+  the others on another ("ranks"); the two streams are of about the same length (TensorFlow's start-up
+  and tracing make its fewer tests as long), so neither waits alone for the other at the end. Those
+  also marked `one_rank` (one rank, one core) run beside them anywhere.
 - Tests that take the API server (`cluster`, `own_cluster`, `namespace`) share one worker, and so one
   server (work unit "cluster").
 - Tests marked `real_node` (tests/test_cluster_node.py: a cluster and a real node of their own) share one
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -47,13 +50,20 @@ def _units(path: Path) -> dict[str, Optional[str]]:
     return units
 
 
+# A rank test runs TensorFlow when its file, function or parameters name it (test_tensorflow.py,
+# test_horovod_tf2.py, [tensorflow], [custom_keras.py], ...).
+_TENSORFLOW = re.compile(r"tensorflow|keras|tf2|(^|_)tf(_|\b)", re.IGNORECASE)
+
+
 def work_unit(nodeid: str, rootdir: Path) -> str:
-    """'node', 'ranks', 'cluster', or the test's own id (a unit of its own)."""
+    """'node', 'ranks', 'ranks-tensorflow', 'cluster', or the test's own id (a unit of its own)."""
     path, _, rest = nodeid.partition("::")
     try:
         unit = _units(rootdir / path).get(rest.split("[", 1)[0])
     except (OSError, SyntaxError):
         unit = None
+    if unit == "ranks" and _TENSORFLOW.search(nodeid):
+        return "ranks-tensorflow"
     return unit or nodeid
 
 
@@ -66,9 +76,10 @@ def check(items, rootdir: Path) -> None:
         if item.get_closest_marker("real_node") and unit != "node":
             raise pytest.UsageError(f"{item.nodeid} is marked `real_node` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
-        if item.get_closest_marker("ranks") and not item.get_closest_marker("one_rank") and unit != "ranks":
+        if item.get_closest_marker("ranks") and not item.get_closest_marker("one_rank") and \
+                unit not in ("ranks", "ranks-tensorflow"):
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
-        if "cluster" in item.fixturenames and unit not in ("node", "ranks", "cluster"):
+        if "cluster" in item.fixturenames and unit not in ("node", "ranks", "ranks-tensorflow", "cluster"):
             raise pytest.UsageError(f"{item.nodeid} uses the API server: take one of "
                                     f"{', '.join(sorted(CLUSTER_FIXTURES))} as an argument of the test function")

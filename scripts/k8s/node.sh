@@ -271,7 +271,10 @@ lap containerd-ready
 for a in "${IMAGES[@]}"; do
   ctr images import --platform linux/amd64 "$a" >>"$N/image-import.log" 2>&1 || { cat "$N/image-import.log" >&2; die "importing $a failed"; }
 done
-ctr images ls -q | grep -qx "$NODE_IMAGE" || die "$NODE_IMAGE is not in containerd after the import"
+# The list first, then grep: `ctr ... | grep -q` under pipefail fails when grep's early exit SIGPIPEs a ctr
+# still writing (it did, on a busy machine, with the image there).
+imported=$(ctr images ls -q)
+grep -qx "$NODE_IMAGE" <<<"$imported" || die "$NODE_IMAGE is not in containerd after the import: $imported"
 lap images-imported
 
 # --- the cgroup root: a folder in every cgroup v1 hierarchy (cpuset's needs its parent's cpus and mems) ------
