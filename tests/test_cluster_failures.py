@@ -14,6 +14,7 @@ import json
 
 import pytest
 import yaml
+from kubernetes import client
 
 from cluster_helpers import GROUP, NOBODY, PLURAL, unique, wait_phase
 
@@ -69,6 +70,13 @@ def test_a_stopped_api_server_is_named_with_its_address(own_cluster, job, namesp
     # The cluster works again, the operator included (it lost its leader lease with the API server).
     assert own_cluster.cli("launch", path).returncode == 0
     wait_phase(own_cluster, namespace, name, "Running")
+    # The nodes keep their addresses, so pods/log reaches them: kwok re-initialises a node whose lease lapsed
+    # while the server was down, which emptied them (start-135.sh gives each node both addresses).
+    nodes = client.CoreV1Api(own_cluster.api()).list_node(label_selector="type=kwok").items
+    addresses = {n.metadata.name: sorted(a.type for a in n.status.addresses or []) for n in nodes}
+    assert set(map(tuple, addresses.values())) == {("Hostname", "InternalIP")}, addresses
+    logs = own_cluster.cli("logs", name, "-n", namespace)
+    assert logs.returncode == 0, logs.stderr
 
 
 def test_no_mpijob_crd_says_how_to_install_mpi_operator(swapped_crd, job, namespace):

@@ -306,6 +306,10 @@ metadata:
   annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
   labels: {type: kwok, kubernetes.io/hostname: kwok-node-$i, kubernetes.io/os: linux, kubernetes.io/arch: amd64}
 status:
+  # Both addresses a kubelet reports: kwok's node-initialize stage, run again when a node's lease lapsed (the
+  # API server stopped for a minute), writes an empty "addresses:" when either is missing (its NodeName is
+  # empty here), and the API server then cannot reach the node for pods/log ("no preferred addresses found").
+  addresses: [{type: InternalIP, address: 127.0.0.1}, {type: Hostname, address: kwok-node-$i}]
   allocatable: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$NODE_GPUS", rdma/ib: "1"}
   capacity: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$NODE_GPUS", rdma/ib: "1"}
 EOF
