@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import threading
 from pathlib import Path
+from typing import Callable
 
 from horovod.common.elastic import notification_manager
 from horovod.runner.elastic.worker import HostUpdateResult
@@ -53,10 +54,12 @@ CHANGES = _HostChanges()
 notification_manager.register_listener(CHANGES)
 
 
-class HeldAtChanges:
-    def __init__(self, base, hvd, hold_from_epoch: int):
+class Held:
+    """The digits of `base`; rank 0's plan of each epoch from `hold_from_epoch` on waits for `hold(size)`."""
+
+    def __init__(self, base, hvd, hold_from_epoch: int, hold: Callable[[int], None]):
         self.base, self.info = base, base.info
-        self._hvd, self._hold_from = hvd, hold_from_epoch
+        self._hvd, self._hold_from, self._hold = hvd, hold_from_epoch, hold
 
     def __len__(self) -> int:
         return len(self.base)
@@ -66,48 +69,40 @@ class HeldAtChanges:
 
     def epoch_order(self, seed: int, epoch: int):
         if epoch >= self._hold_from and self._hvd.rank() == 0:
-            if self._hvd.size() == 1:
-                if not CHANGES.alone:  # an addition told before the loss is not the one awaited
-                    CHANGES.alone = True
-                    CHANGES.forget(HostUpdateResult.added)
-                CHANGES.wait_for(HostUpdateResult.added)
-            elif not CHANGES.alone:
-                CHANGES.wait_for(HostUpdateResult.removed)
+            self._hold(self._hvd.size())
         return self.base.epoch_order(seed, epoch)
 
 
-def _horovod(framework: str):
-    return importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework])
+def _until_the_resize(size: int) -> None:
+    if size == 1:
+        if not CHANGES.alone:  # an addition told before the loss is not the one awaited
+            CHANGES.alone = True
+            CHANGES.forget(HostUpdateResult.added)
+        CHANGES.wait_for(HostUpdateResult.added)
+    elif not CHANGES.alone:
+        CHANGES.wait_for(HostUpdateResult.removed)
+
+
+def _once_until_killed(marker: Path) -> Callable[[int], None]:
+    def hold(size: int) -> None:
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            return  # a run before this one held: train on
+        threading.Event().wait()  # until the test's deleted worker ends this run
+    return hold
+
+
+def _split(framework: str, hold_from_epoch: int, test_fraction: float, hold: Callable[[int], None]) -> dict:
+    hvd = importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework])
+    train, test = train_test_split(digits(), test_fraction)
+    return {"train": Held(train, hvd, hold_from_epoch, hold), "test": test}
 
 
 def digits_held_at_changes(framework: str = "pytorch", hold_from_epoch: int = 3, test_fraction: float = 0.2):
-    train, test = train_test_split(digits(), test_fraction)
-    return {"train": HeldAtChanges(train, _horovod(framework), hold_from_epoch), "test": test}
-
-
-class HeldOnce:
-    def __init__(self, base, hvd, hold_from_epoch: int, marker: Path):
-        self.base, self.info = base, base.info
-        self._hvd, self._hold_from, self._marker = hvd, hold_from_epoch, marker
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def take(self, indices):
-        return self.base.take(indices)
-
-    def epoch_order(self, seed: int, epoch: int):
-        if epoch >= self._hold_from and self._hvd.rank() == 0:
-            try:
-                self._marker.touch(exist_ok=False)
-            except FileExistsError:
-                pass  # a run before this one held: train on
-            else:
-                threading.Event().wait()  # until the test's deleted worker ends this run
-        return self.base.epoch_order(seed, epoch)
+    return _split(framework, hold_from_epoch, test_fraction, _until_the_resize)
 
 
 def digits_held_once(marker: str, framework: str = "pytorch", hold_from_epoch: int = 3,
                      test_fraction: float = 0.2):
-    train, test = train_test_split(digits(), test_fraction)
-    return {"train": HeldOnce(train, _horovod(framework), hold_from_epoch, Path(marker)), "test": test}
+    return _split(framework, hold_from_epoch, test_fraction, _once_until_killed(Path(marker)))
