@@ -157,21 +157,15 @@ def split(ds: Any, test_fraction: float) -> tuple[Any, Any]:
     return IndexSubset(ds, np.sort(order[n_test:])), IndexSubset(ds, np.sort(order[:n_test]))
 
 
-def factory_splits(dataset_spec) -> dict[str, Any]:
-    """{"train", "test"} from the user's `dataset.factory` (FactoryError naming the field otherwise)."""
-    from hvdk8s.factories import FactoryError, call, resolve
-
-    field = "dataset.factory"
-    result = call(resolve(dataset_spec.factory, field), field, dataset_spec.args)
-    try:
-        if isinstance(result, dict):
-            if set(result) != {"train", "test"}:
-                raise ValueError(f"a dict result needs exactly the keys 'train' and 'test', got {sorted(result)}")
-            return {k: as_dataset(result[k]) for k in ("train", "test")}
-        train, test = split(as_dataset(result), dataset_spec.test_fraction)
-        return {"train": train, "test": test}
-    except (TypeError, ValueError) as e:
-        raise FactoryError(field, f"returned an unusable dataset: {e}") from None
+def splits_of(result: Any, test_fraction: float) -> dict[str, Any]:
+    """{"train", "test"} from what a user's dataset factory returned (hvdk8s.factories calls it and names the
+    field when this raises TypeError or ValueError saying what is wrong with `result`)."""
+    if isinstance(result, dict):
+        if set(result) != {"train", "test"}:
+            raise ValueError(f"a dict result needs exactly the keys 'train' and 'test', got {sorted(result)}")
+        return {k: as_dataset(result[k]) for k in ("train", "test")}
+    train, test = split(as_dataset(result), test_fraction)
+    return {"train": train, "test": test}
 
 
 def digits() -> ArrayDataset:
@@ -282,11 +276,12 @@ def last_sync(dataset_spec) -> Optional[dict]:
 
 
 def open_splits(dataset_spec) -> dict[str, Any]:
-    """{"train": dataset, "test": dataset} for a job file's `dataset` section."""
+    """{"train": dataset, "test": dataset} for a job file's built-in or `path` dataset (a `factory` dataset's
+    are `hvdk8s.factories.dataset_splits`', which imports the user's code: this floor runs none)."""
     if dataset_spec.name is not None:
         train, test = train_test_split(_builtin(dataset_spec.name, dataset_spec.args), dataset_spec.test_fraction)
         return {"train": train, "test": test}
     if dataset_spec.factory is not None:
-        return factory_splits(dataset_spec)
+        raise ValueError("a factory dataset is opened by hvdk8s.factories.dataset_splits")
     root = dataset_root(dataset_spec)
     return {split: ShardedDataset(root / sub) for split, sub in dataset_spec.splits.items()}

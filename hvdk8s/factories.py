@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from hvdk8s.data import datasets
 from hvdk8s.errors import UserError
 
 # What a model factory may take from the dataset to size itself (passed only if it accepts them).
@@ -122,3 +123,16 @@ def build_model(model_spec, framework: str, dataset_info: dict[str, Any]):
         raise FactoryError("model.factory", f"returned {type(model).__name__}, not {wanted} "
                                             f"(framework: {framework})")
     return model
+
+
+def dataset_splits(dataset_spec) -> dict[str, Any]:
+    """{"train", "test"} for a job file's `dataset`: the user's `dataset.factory` imported and called here
+    (FactoryError naming the field), any other kind opened by the data layer."""
+    if dataset_spec.factory is None:
+        return datasets.open_splits(dataset_spec)
+    field = "dataset.factory"
+    result = call(resolve(dataset_spec.factory, field), field, dataset_spec.args)
+    try:
+        return datasets.splits_of(result, dataset_spec.test_fraction)
+    except (TypeError, ValueError) as e:
+        raise FactoryError(field, f"returned an unusable dataset: {e}") from None

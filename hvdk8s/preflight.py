@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hvdk8s.entrypoint import carried_files
-from hvdk8s.factories import FactoryError, build_model, importable_from
+from hvdk8s.factories import FactoryError, build_model, dataset_splits, importable_from
 from hvdk8s.spec import JobFileError, JobSpec
 
 
@@ -37,11 +37,9 @@ def check_code(spec: JobSpec, job_dir: Path, source: str) -> None:
     carried_files(spec, job_dir, source)
     if spec.entrypoint is not None or (spec.model.factory is None and spec.dataset.factory is None):
         return
-    from hvdk8s.data.datasets import open_splits
-
     with importable_from(job_dir):
         try:
-            splits = open_splits(spec.dataset)
+            splits = dataset_splits(spec.dataset)
             if spec.model.factory is not None:
                 build_model(spec.model, spec.framework, splits["train"].info)
         except FactoryError as e:

@@ -185,3 +185,66 @@ def test_the_graph_reading_itself(tmp_path):
     assert cycles(graph) == [["app.a", "app.b", "app.sub.c", "app.a"],
                              ["app.extra", "app.extra.y", "app.extra"],
                              ["app.extra.w", "app.extra.w"]]
+
+
+# The floors (issue 27): a module imports only modules on its own floor or below, so each floor can be read,
+# tested and replaced without the ones above it. Longest prefix wins; every module must be on a floor.
+FLOORS: dict[str, tuple[int, str]] = {
+    # 0 ground: the pieces everything uses, importing nothing of the project above them (errors, the one
+    # atomic write, the one quantity parser, the lists of choices the job file and the adapters share).
+    **{f"hvdk8s.{m}": (0, "ground") for m in (
+        "_version", "errors", "strict", "atomic", "quantity", "k8snames", "safeyaml", "digest", "events",
+        "logformat", "suggest", "schedule", "compression", "precision", "tuning", "faults", "_torch_wait",
+        "mpijob.api", "mpijob.layout", "mpijob.topology", "mpijob.problems", "mpijob.podsecurity",
+        "mpijob.security", "launch.procs", "launch.workers", "launch.memlock")},
+    # 1 data and models: datasets, loaders, the node-local cache, the model registry.
+    "hvdk8s.data": (1, "data and models"), "hvdk8s.models": (1, "data and models"),
+    # 2 the job: the job file and what reads it alone; users' factories, resolved before data is built.
+    **{f"hvdk8s.{m}": (2, "the job") for m in ("spec", "overrides", "entrypoint", "jobsize", "jobprint",
+                                               "factories")},
+    "hvdk8s": (2, "the job"),  # the package's __init__: __version__ and the job file's names
+    # 3 the renderer and the adapters (hvdk8s.torch, hvdk8s.tensorflow, the Horovod drop-in) and their parts.
+    **{f"hvdk8s.{m}": (3, "renderer and adapters") for m in (
+        "mpijob", "_adapter", "torch", "tensorflow", "_torch_launch", "_torch_sharded", "horovod",
+        "checkpoint", "metrics", "tensorboard", "runfiles", "failures", "preflight")},
+    # 4 the trainer, the launchers and the benchmarks (which start ranks through the local launcher).
+    **{f"hvdk8s.{m}": (4, "trainer, launchers, bench") for m in ("trainer", "launch", "rankmain", "bench")},
+    # 5 the command line.
+    **{f"hvdk8s.{m}": (5, "command line") for m in ("cli", "cli_cluster", "__main__")},
+}
+
+
+def floor_of(module: str, floors: dict[str, tuple[int, str]]) -> tuple[int, str] | None:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in floors:
+            return floors[".".join(parts[:n])]
+    return None
+
+
+def floor_violations(graph: dict[str, dict[str, int]], floors: dict[str, tuple[int, str]]) -> list[str]:
+    """Each module without a floor, and each import of a module on a higher floor."""
+    found = [f"{m}: on no floor (add it to FLOORS)" for m in sorted(graph) if floor_of(m, floors) is None]
+    for module in sorted(graph):
+        mine = floor_of(module, floors)
+        for target, line in sorted(graph[module].items()):
+            theirs = floor_of(target, floors)
+            if mine and theirs and theirs[0] > mine[0]:
+                found.append(f"{module} (floor {mine[0]}, {mine[1]}) imports {target} (floor {theirs[0]}, "
+                             f"{theirs[1]}) at line {line}")
+    return found
+
+
+def test_every_module_imports_only_its_floor_and_below():
+    graph, _ = import_graph(ROOT)
+    problems = floor_violations(graph, FLOORS)
+    assert not problems, "imports that go up a floor:\n  " + "\n  ".join(problems)
+
+
+def test_an_import_up_a_floor_is_found():
+    floors = {"app.ground": (0, "ground"), "app.data": (1, "data"), "app.cli": (2, "cli")}
+    graph = {"app.ground": {}, "app.data": {"app.ground": 1}, "app.cli": {"app.data": 3}, "app.data.x": {"app.cli": 7},
+             "app.new": {}}
+    assert floor_violations(graph, floors) == [
+        "app.new: on no floor (add it to FLOORS)",
+        "app.data.x (floor 1, data) imports app.cli (floor 2, cli) at line 7"]

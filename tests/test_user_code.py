@@ -123,13 +123,13 @@ def test_every_kind_of_dataset_result_is_read_whole_by_the_sharded_loaders(monke
     PyTorch and TensorFlow loaders: two ranks together read each training sample once per epoch."""
     import numpy as np
 
-    from hvdk8s.data.datasets import factory_splits
     from hvdk8s.data.tensorflow import sharded_dataset
+    from hvdk8s.factories import dataset_splits
     from hvdk8s.data.torch import ShardedLoader
     from hvdk8s.spec import DatasetSpec
 
     monkeypatch.syspath_prepend(str(USER_CODE))
-    splits = factory_splits(DatasetSpec(factory=path, test_fraction=0.2))
+    splits = dataset_splits(DatasetSpec(factory=path, test_fraction=0.2))
     assert (len(splits["train"]), len(splits["test"])) == GOOD_DATASETS[path]
     assert splits["train"].info == {"input_shape": [5], "num_classes": 3}
     whole = splits["train"].take(np.arange(len(splits["train"])))

@@ -13,7 +13,8 @@ from hvdk8s.spec import JobSpec
 
 def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     """Train `spec` as one rank; returns the summary (test_accuracy, epochs, seconds, digest)."""
-    from hvdk8s.data.datasets import holding, last_sync, open_splits
+    from hvdk8s.data.datasets import holding, last_sync
+    from hvdk8s.factories import dataset_splits
     from hvdk8s.runfiles import make_dirs
 
     from .elastic import run_elastic_epochs
@@ -22,7 +23,7 @@ def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     if spec.entrypoint is not None:
         raise ValueError("this job runs its own entrypoint, not hvdk8s's trainer")
     with holding(spec.dataset):  # a cached dataset is not evicted while it trains
-        splits = open_splits(spec.dataset)
+        splits = dataset_splits(spec.dataset)
         if spec.framework == "pytorch":
             from .torch import TorchSteps as Steps
         else:
