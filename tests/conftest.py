@@ -16,6 +16,18 @@ from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPTS = Path(__file__).resolve().parent / "ranks"
+
+
+def _operator_crd() -> Path:
+    """The MPIJob CRD of the mpi-operator module scripts/k8s/build-135.sh built (the one the test cluster
+    installs), else the copy in shared/k8s/ beside the repository."""
+    cache = Path(os.environ.get("HVDK8S_BUILD_CACHE") or
+                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdk8s")
+    built = sorted(cache.glob("k8s-*-mpi-operator-*/crd/kubeflow.org_mpijobs.yaml"))
+    return built[-1] if built else Path(__file__).resolve().parents[2] / "shared" / "k8s" / "mpijob-crd.yaml"
+
+
+OPERATOR_CRD = _operator_crd()
 DIGITS_JOB = ROOT / "examples" / "digits.yaml"
 
 

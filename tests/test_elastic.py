@@ -17,7 +17,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from conftest import ROOT, elastic_launch, invoke
+from conftest import OPERATOR_CRD, ROOT, elastic_launch, invoke
 from hvdk8s.data.sharding import plan_epoch, unread_after
 
 ELASTIC = {"min_workers": 1, "max_workers": 2, "commit_every_steps": 4}
@@ -106,9 +106,8 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
     assert rendered.exit_code == 0, rendered.output
     checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml")  # the operator's rules and defaults
     assert checked.exit_code == 0, checked.output
-    crd = ROOT.parent / "shared" / "k8s" / "mpijob-crd.yaml"
-    if crd.is_file():  # ../shared is beside every checkout here and in CI
-        checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml", "--crd", crd)
+    if OPERATOR_CRD.is_file():  # built or in ../shared on every machine here and in CI
+        checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml", "--crd", OPERATOR_CRD)
         assert checked.exit_code == 0, checked.output
 
     too_many = invoke("render", job, "--set", "resources.workers=3", "-d", tmp_path / "out")

@@ -13,17 +13,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import OPERATOR_CRD
 from hvdk8s.mpijob.validate import (BUILTIN_SCHEMA, Problem, load_crd_schema,
                                     validate_documents, validate_mpijob, validate_pod_template, validate_schema)
 
-CRD_PATH = Path(__file__).resolve().parents[2] / "shared" / "k8s" / "mpijob-crd.yaml"
+CRD_PATH = OPERATOR_CRD
 
 
 @pytest.fixture(scope="module")
 def crd_schema() -> dict:
     """The upstream MPIJob CRD's v2beta1 schema; a missing file fails in CI and skips elsewhere."""
     if not CRD_PATH.is_file():
-        reason = f"MPIJob CRD not found: expected it at {CRD_PATH} (shared/k8s/ beside the repository)"
+        reason = (f"MPIJob CRD not found: neither built (bash scripts/k8s/build-135.sh) nor at {CRD_PATH} "
+                  "(shared/k8s/ beside the repository)")
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
