@@ -6,7 +6,6 @@ SetDefaults_MPIJob, pkg/controller) and the API server (CRD pruning and list typ
 validation); hvdk8s's own policies are marked as such."""
 import copy
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,19 +16,6 @@ from conftest import OPERATOR_CRD
 from hvdk8s.mpijob.validate import (BUILTIN_SCHEMA, Problem, load_crd_schema,
                                     validate_documents, validate_mpijob, validate_pod_template, validate_schema)
 
-CRD_PATH = OPERATOR_CRD
-
-
-@pytest.fixture(scope="module")
-def crd_schema() -> dict:
-    """The upstream MPIJob CRD's v2beta1 schema; a missing file fails in CI and skips elsewhere."""
-    if not CRD_PATH.is_file():
-        reason = (f"MPIJob CRD not found: neither built (bash scripts/k8s/build-135.sh) nor at {CRD_PATH} "
-                  "(shared/k8s/ beside the repository)")
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return load_crd_schema(CRD_PATH)
 
 
 @pytest.fixture(params=["crd", "builtin"])
@@ -483,7 +469,7 @@ def test_builtin_rules_know_every_crd_spec_field(crd_schema):
 
 
 def test_load_crd_schema_from_yaml_json_and_dict(crd_schema, tmp_path):
-    crd = yaml.safe_load(CRD_PATH.read_text())
+    crd = yaml.safe_load(OPERATOR_CRD.read_text())
     as_json = tmp_path / "crd.json"
     as_json.write_text(json.dumps(crd))
     assert load_crd_schema(as_json) == load_crd_schema(crd) == crd_schema
@@ -491,7 +477,7 @@ def test_load_crd_schema_from_yaml_json_and_dict(crd_schema, tmp_path):
 
 
 def test_load_crd_schema_errors_name_the_file(crd_schema, tmp_path):
-    crd = yaml.safe_load(CRD_PATH.read_text())
+    crd = yaml.safe_load(OPERATOR_CRD.read_text())
     with pytest.raises(ValueError, match=r"no version v1 \(it has: v2beta1\)"):
         load_crd_schema(crd, version="v1")
     other = copy.deepcopy(crd)

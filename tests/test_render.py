@@ -616,16 +616,6 @@ def test_bad_cluster_settings_exit_2_and_write_nothing(tmp_path, override, field
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def crd_schema():
-    crd = OPERATOR_CRD
-    if not crd.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"the MPIJob CRD is neither built (scripts/k8s/build-135.sh) nor at {crd}")
-        pytest.skip(f"the MPIJob CRD is neither built (scripts/k8s/build-135.sh) nor at {crd}")
-    return mv.load_crd_schema(crd)
-
-
 # Job shapes beyond the golden files: every combination must render an MPIJob the cluster accepts.
 SHAPES = [
     [], ["resources.hierarchical_allreduce=true"], ["kubernetes.priority_class=high"],
