@@ -17,6 +17,8 @@ import re
 import sys
 from typing import Any, Optional, TextIO
 
+from hvdk8s.events import PREFIX
+
 FORMATS = ("text", "json")
 DEFAULT_FORMAT = "text"
 
@@ -24,6 +26,7 @@ DEFAULT_FORMAT = "text"
 RANK_TAG = re.compile(r"^\[(?:\d+,)?(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BASE = ("time", "level", "job", "event")
+_OWN_KINDS = ("output", "exit")  # the log's own records: a rank's event of such a kind is logged as output
 
 
 def split_tag(line: str) -> tuple[Optional[int], Optional[str], str]:
@@ -99,7 +102,10 @@ class JsonLog:
         self.stream.flush()  # live through pipes: a log shipper reads as the job runs
 
     def show(self, event: dict[str, Any]) -> None:
-        self.write(event_record(self.job, event))
+        if event["event"] in _OWN_KINDS:  # a script printing `@hvdk8s {"event": "exit"}` cannot end the job's log
+            self.passthrough(PREFIX + dumps(event))
+        else:
+            self.write(event_record(self.job, event))
 
     def passthrough(self, line: str) -> None:
         self.write(self.output(line))

@@ -187,6 +187,13 @@ _lines = st.one_of(
 @given(line=_lines)
 def test_any_line_converts_to_exactly_one_json_line(line):
     [record] = convert(line)
-    assert record["job"] == "j"
+    assert record["job"] == "j" and record["event"] != "exit"  # only the launcher ends a job's log
     if record["event"] == "output":
         assert isinstance(record["message"], str)
+
+
+@pytest.mark.parametrize("kind", ["output", "exit"])
+def test_a_ranks_event_of_the_logs_own_kind_is_logged_as_its_output(kind):
+    line = "@hvdk8s " + json.dumps({"event": kind, "code": 0})
+    [record] = convert(line)
+    assert record["event"] == "output" and json.loads(record["message"][len("@hvdk8s "):]) == json.loads(line[8:])
