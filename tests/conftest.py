@@ -5,6 +5,7 @@ import collections
 import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -95,7 +96,55 @@ def pytest_collection_modifyitems(config, items) -> None:
     workgroups.check(items, config.rootpath)
 
 
+# CPU seconds each test phase used: this worker's and its children's (ranks, launchers, servers reaped in
+# the phase; a server a session fixture keeps running counts when it stops). The suite is bound by CPU
+# (docs/contributing.md), so where its CPU goes says what to cut; wall durations on a shared machine do not.
+CPU_SPENT: dict[str, float] = collections.defaultdict(float)
+CPU_BY_UNIT: dict[str, float] = collections.defaultdict(float)
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown":  # setup, call and teardown: carried to the controller on the last report
+        began = item.stash.get(_CPU_BEGAN, None)
+        if began is not None:
+            outcome.get_result().user_properties.append(("cpu_s", round(_cpu_seconds() - began, 2)))
+
+
+_CPU_BEGAN = pytest.StashKey[float]()
+
+
+def pytest_runtest_setup(item) -> None:
+    item.stash[_CPU_BEGAN] = _cpu_seconds()
+
+
+def pytest_runtest_logreport(report) -> None:
+    """On the controller (or the one process): each test's CPU seconds, from its teardown report."""
+    if report.when != "teardown":
+        return
+    spent = dict(report.user_properties).get("cpu_s")
+    if spent is not None:
+        import workgroups
+
+        CPU_SPENT[report.nodeid] += spent
+        unit = workgroups.work_unit(report.nodeid, Path(__file__).parent.parent)
+        CPU_BY_UNIT[unit if unit in workgroups.STREAMS else "other"] += spent
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
+    if CPU_SPENT:
+        terminalreporter.section("CPU seconds (this process and the ones it reaped), by stream and slowest 30")
+        terminalreporter.write_line("  ".join(f"{unit} {seconds:.0f}" for unit, seconds in
+                                              sorted(CPU_BY_UNIT.items(), key=lambda kv: -kv[1]))
+                                    + f"  total {sum(CPU_BY_UNIT.values()):.0f}")
+        for nodeid, seconds in sorted(CPU_SPENT.items(), key=lambda kv: -kv[1])[:30]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {nodeid}")
     if FUZZ_TALLY:
         terminalreporter.section("fuzz tally")
         for target, counts in sorted(FUZZ_TALLY.items()):

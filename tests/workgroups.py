@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 CLUSTER_FIXTURES = frozenset({"cluster", "own_cluster", "namespace"})
+STREAMS = ("node", "ranks", "ranks-tensorflow", "cluster")  # the work units of many tests
 
 
 @functools.lru_cache(maxsize=None)
