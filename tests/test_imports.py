@@ -199,9 +199,11 @@ FLOORS: dict[str, tuple[int, str]] = {
         "mpijob.security", "launch.procs", "launch.workers", "launch.memlock")},
     # 1 data and models: datasets, loaders, the node-local cache, the model registry.
     "hvdk8s.data": (1, "data and models"), "hvdk8s.models": (1, "data and models"),
-    # 2 the job: the job file and what reads it alone; users' factories, resolved before data is built.
-    **{f"hvdk8s.{m}": (2, "the job") for m in ("spec", "overrides", "entrypoint", "jobsize", "jobprint",
-                                               "factories")},
+    # 2 the job: the job file (spec/, its sections, loading and errors) and what reads it alone; users'
+    # factories, resolved before data is built.
+    **{f"hvdk8s.{m}": (2, "the job") for m in (
+        "spec", "spec.values", "spec.workload", "spec.resources", "spec.kubernetes", "spec.observability",
+        "spec.job", "spec.problems", "spec.loading", "overrides", "entrypoint", "jobsize", "jobprint", "factories")},
     "hvdk8s": (2, "the job"),  # the package's __init__: __version__ and the job file's names
     # 3 the renderer and the adapters (hvdk8s.torch, hvdk8s.tensorflow, the Horovod drop-in) and their parts.
     **{f"hvdk8s.{m}": (3, "renderer and adapters") for m in (
