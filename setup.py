@@ -22,8 +22,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIR,
-    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models", "hvdk8s.data", "hvdk8s.data.cache",
-              "hvdk8s.bench", "hvdk8s.horovod", "hvdk8s.horovod.tensorflow", "hvdk8s.horovod.tensorflow.keras"],
+    packages=["hvdk8s", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.mpijob.validate", "hvdk8s.models",
+              "hvdk8s.data", "hvdk8s.data.cache", "hvdk8s.bench", "hvdk8s.horovod", "hvdk8s.horovod.tensorflow", "hvdk8s.horovod.tensorflow.keras"],
     package_data={"hvdk8s": ["dashboards/*.json"]},  # the Grafana dashboard of the ranks' metrics
     # A plain C library the launcher preloads into ranks (hvdk8s/tuning.py), not a Python module. Optional:
     # without a C compiler hvdk8s installs and runs, its ranks waiting as Horovod and OpenMPI do.

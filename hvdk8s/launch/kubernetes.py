@@ -162,21 +162,9 @@ class KubernetesLauncher:
 
     def served_schema(self) -> Optional[dict]:
         """The v2beta1 schema of the MPIJob CRD the cluster serves; None where we may not read CRDs."""
-        import json
+        from hvdk8s.mpijob.validate import served_crd_schema
 
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        from hvdk8s.mpijob.validate import load_crd_schema
-
-        try:
-            response = client.ApiextensionsV1Api(self.conn.api).read_custom_resource_definition(
-                CRD_NAME, _preload_content=False, _request_timeout=TIMEOUT)
-        except ApiException as e:
-            if e.status in (403, 404):  # reading CRDs is often not granted to users who may run jobs
-                return None
-            raise
-        return load_crd_schema(json.loads(response.data), VERSION)
+        return served_crd_schema(self.conn.api, VERSION, timeout=TIMEOUT)
 
     def require_schema(self) -> dict:
         """The served CRD's schema (`hvdk8s validate --crd-from-cluster`), or a one-line refusal."""
