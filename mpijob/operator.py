@@ -14,7 +14,7 @@ import copy
 from typing import Any
 
 from . import layout
-from .api import LAUNCHER
+from .api import LAUNCHER, WORKER
 
 SSH_AUTH_MOUNT_DEFAULT = "/root/.ssh"  # SetDefaults_MPIJob's sshAuthMountPath
 OPERATOR_LABELS = ("training.kubeflow.org/operator-name", "training.kubeflow.org/job-name",
@@ -35,12 +35,12 @@ def pods(job: dict) -> dict[str, list[dict[str, Any]]]:
     namespace = job["metadata"].get("namespace", "default")
     replicas = spec.get("mpiReplicaSpecs") or {}
     out: dict[str, list[dict[str, Any]]] = {}
-    if "Launcher" in replicas:
-        out["Launcher"] = [_pod(spec, replicas["Launcher"], f"{name}-launcher", name, namespace, "launcher")]
-    worker = replicas.get("Worker")
+    if LAUNCHER in replicas:
+        out[LAUNCHER] = [_pod(spec, replicas[LAUNCHER], f"{name}-launcher", name, namespace, "launcher")]
+    worker = replicas.get(WORKER)
     if worker is not None:
-        out["Worker"] = [_pod(spec, worker, f"{name}-worker-{i}", name, namespace, "worker")
-                         for i in range(int(worker.get("replicas") or 0))]
+        out[WORKER] = [_pod(spec, worker, f"{name}-worker-{i}", name, namespace, "worker")
+                       for i in range(int(worker.get("replicas") or 0))]
     return out
 
 
