@@ -3,7 +3,7 @@
 The repository keeps `mpijob/`, `models/` and `data/` at its top level (the design card), but they
 install inside the one namespace `hvdk8s` so that no generic name lands in site-packages.
 """
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 PACKAGE_DIR = {
     "hvdk8s": "hvdk8s",
@@ -12,6 +12,16 @@ PACKAGE_DIR = {
     "hvdk8s.data": "data",
     "hvdk8s.bench": "bench",
 }
+
+
+def packages() -> list[str]:
+    """Every package under each folder of PACKAGE_DIR, by its installed name (a new subpackage cannot be
+    left out of a non-editable install)."""
+    found = []
+    for name, folder in PACKAGE_DIR.items():
+        found += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
+    return found
+
 
 setup(
     name="hvdk8s",
@@ -22,9 +32,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     package_dir=PACKAGE_DIR,
-    packages=["hvdk8s", "hvdk8s.spec", "hvdk8s.launch", "hvdk8s.trainer", "hvdk8s.mpijob", "hvdk8s.models",
-              "hvdk8s.data", "hvdk8s.data.cache", "hvdk8s.bench", "hvdk8s.horovod", "hvdk8s.horovod.tensorflow",
-              "hvdk8s.horovod.tensorflow.keras"],
+    packages=packages(),
     package_data={"hvdk8s": ["dashboards/*.json"]},  # the Grafana dashboard of the ranks' metrics
     # A plain C library the launcher preloads into ranks (hvdk8s/tuning.py), not a Python module. Optional:
     # without a C compiler hvdk8s installs and runs, its ranks waiting as Horovod and OpenMPI do.

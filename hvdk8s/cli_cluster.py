@@ -18,6 +18,7 @@ from rich.console import Console
 
 from hvdk8s import logformat
 from hvdk8s.errors import UserError
+from hvdk8s.mpijob.api import WORKER
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
@@ -335,7 +336,7 @@ def list_jobs(all_namespaces: bool, context: Optional[str], namespace: Optional[
     rows = [(["NAMESPACE"] if all_namespaces else []) + ["NAME", "PHASE", "WORKERS", "AGE"]]
     for st, obj in jobs:
         # No Worker replica spec: the launcher runs the ranks itself (runLauncherAsWorker).
-        workers = (((obj.get("spec") or {}).get("mpiReplicaSpecs") or {}).get("Worker") or {}).get("replicas", 0)
+        workers = (((obj.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(WORKER) or {}).get("replicas", 0)
         rows.append(([st.namespace or ""] if all_namespaces else []) + [st.name, st.phase, str(workers),
                                                                         human_age(st.age())])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -2,6 +2,6 @@
 NCCL and OpenMPI interfaces), `environment` (the ranks' variables), `volumes`, `cache` (node-local
 dataset cache), `scheduling` (placement, priority, gang), `security` (security contexts), `checks` (what a
 cluster needs of a job file), `monitoring` (Prometheus scraping of the ranks' pods), `render` (objects
-and deterministic YAML), and on the other side `validate` (CRD schema, the operator's rules), `podrules`
-(the API server's Pod rules), `podsecurity` (Pod Security Standards), `operator` (the pods mpi-operator
-makes of a template), `layout` (names and paths)."""
+and deterministic YAML), and on the other side `validate` (CRD or built-in schema, the operator's rules,
+the API server's Pod rules), `podsecurity` (Pod Security Standards), `operator` (the pods mpi-operator
+makes of a template), `api` (the MPIJob API's identity), `layout` (names and paths)."""

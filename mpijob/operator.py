@@ -14,14 +14,16 @@ import copy
 from typing import Any
 
 from . import layout
+from .api import LAUNCHER, WORKER
 
+SSH_AUTH_MOUNT_DEFAULT = "/root/.ssh"  # SetDefaults_MPIJob's sshAuthMountPath
 OPERATOR_LABELS = ("training.kubeflow.org/operator-name", "training.kubeflow.org/job-name",
                    "training.kubeflow.org/job-role")
 
 
 def _defaulted_spec(job: dict) -> dict:
     spec = copy.deepcopy(job.get("spec") or {})
-    spec.setdefault("sshAuthMountPath", "/root/.ssh")
+    spec.setdefault("sshAuthMountPath", SSH_AUTH_MOUNT_DEFAULT)
     spec.setdefault("slotsPerWorker", 1)
     return spec
 
@@ -33,13 +35,22 @@ def pods(job: dict) -> dict[str, list[dict[str, Any]]]:
     namespace = job["metadata"].get("namespace", "default")
     replicas = spec.get("mpiReplicaSpecs") or {}
     out: dict[str, list[dict[str, Any]]] = {}
-    if "Launcher" in replicas:
-        out["Launcher"] = [_pod(spec, replicas["Launcher"], f"{name}-launcher", name, namespace, "launcher")]
-    worker = replicas.get("Worker")
+    if LAUNCHER in replicas:
+        out[LAUNCHER] = [_pod(spec, replicas[LAUNCHER], f"{name}-launcher", name, namespace, "launcher")]
+    worker = replicas.get(WORKER)
     if worker is not None:
-        out["Worker"] = [_pod(spec, worker, f"{name}-worker-{i}", name, namespace, "worker")
-                         for i in range(int(worker.get("replicas") or 0))]
+        out[WORKER] = [_pod(spec, worker, f"{name}-worker-{i}", name, namespace, "worker")
+                       for i in range(int(worker.get("replicas") or 0))]
     return out
+
+
+def added_volumes(spec: dict, replica_type: str) -> dict[str, str]:
+    """{volume name: mount path on the first container} of the volumes the operator adds to the pods of
+    REPLICA_TYPE (Launcher or Worker) under SPEC, an MPIJob's spec as written (its "" path is defaulted too)."""
+    added = {layout.OPERATOR_SSH_VOLUME: spec.get("sshAuthMountPath") or SSH_AUTH_MOUNT_DEFAULT}
+    if replica_type == LAUNCHER:
+        added[layout.OPERATOR_CONFIG_VOLUME] = layout.OPERATOR_CONFIG_DIR
+    return added
 
 
 def _pod(spec: dict, replica: dict, pod_name: str, job_name: str, namespace: str, role: str) -> dict[str, Any]:
@@ -52,7 +63,7 @@ def _pod(spec: dict, replica: dict, pod_name: str, job_name: str, namespace: str
     pod["restartPolicy"] = replica.get("restartPolicy") or ("OnFailure" if role == "launcher" else "Never")
     first = pod["containers"][0]
     secret: dict[str, Any] = {"secretName": f"{job_name}-ssh"}
-    if spec["sshAuthMountPath"] == "/root/.ssh":
+    if spec["sshAuthMountPath"] == SSH_AUTH_MOUNT_DEFAULT:
         secret["defaultMode"] = 0o600
     pod.setdefault("volumes", []).append({"name": layout.OPERATOR_SSH_VOLUME, "secret": secret})
     first.setdefault("volumeMounts", []).append({"name": layout.OPERATOR_SSH_VOLUME,

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+from .api import KIND
+
 LEVELS = ("privileged", "baseline", "restricted")  # from least to most strict
 
 BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
@@ -246,7 +248,7 @@ def _pods(doc: Any) -> Iterable[tuple[str, dict]]:
     name = f"{kind}/{_d(doc.get('metadata')).get('name')}"
     if kind == "Pod":
         yield name, doc
-    elif kind == "MPIJob":
+    elif kind == KIND:
         for role, replica in _d(spec.get("mpiReplicaSpecs")).items():
             yield f"{name} {role}", _d(_d(replica).get("template"))
     elif isinstance(spec.get("template"), dict):

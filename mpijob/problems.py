@@ -22,6 +22,22 @@ class Problem:
 POLICY = "hvdk8s policy: "  # the start of every policy problem's message
 
 
+def json_type(value: Any) -> str:
+    """VALUE's JSON type, as the API server names it in its messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int subclass in Python
+        return "boolean"
+    for kind, name in ((int, "integer"), (float, "number"), (str, "string"), (list, "array"), (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def unsupported(value: Any, allowed: Iterable[Any]) -> str:
+    return f"unsupported value {value!r}; supported: {', '.join(map(str, allowed))}"
+
+
 def child(path: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"

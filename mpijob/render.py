@@ -24,7 +24,7 @@ from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
 from hvdk8s.spec import JobSpec, dump_job, with_backend_defaults
 
 from . import cache, checks, layout, monitoring, network, podsecurity, scheduling, security, volumes
-from .api import API_VERSION, KIND
+from .api import API_VERSION, KIND, LAUNCHER, WORKER
 from .environment import JOB_FILE, forwarded, rank_env  # noqa: F401  (rank_env: part of this module's API)
 from .topology import Topology, plan
 
@@ -77,10 +77,10 @@ def mpijob(spec: JobSpec) -> dict[str, Any]:
     # `hvdk8s logs` and `wait` read the failing rank from) outlive the job; OnFailure restarts the container in
     # place, and the Job controller deletes that pod, log and all, when it gives up.
     replicas: dict[str, Any] = {
-        "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher_template(spec, topo)}}
+        LAUNCHER: {"replicas": 1, "restartPolicy": "Never", "template": launcher_template(spec, topo)}}
     if not k8s.run_launcher_as_worker:  # the operator's runLauncherAsWorker jobs may have no Worker at all
-        replicas["Worker"] = {"replicas": topo.workers, "restartPolicy": "OnFailure",
-                              "template": worker_template(spec, topo)}
+        replicas[WORKER] = {"replicas": topo.workers, "restartPolicy": "OnFailure",
+                            "template": worker_template(spec, topo)}
     job_spec: dict[str, Any] = {
         "slotsPerWorker": topo.slots_per_worker,
         "runPolicy": run_policy(spec, topo),

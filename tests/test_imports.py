@@ -191,12 +191,14 @@ def test_the_graph_reading_itself(tmp_path):
 # tested and replaced without the ones above it. Longest prefix wins; every module must be on a floor.
 FLOORS: dict[str, tuple[int, str]] = {
     # 0 ground: the pieces everything uses, importing nothing of the project above them (errors, the one
-    # atomic write, the one quantity parser, the lists of choices the job file and the adapters share).
+    # atomic write, the one quantity parser, the lists of choices the job file and the adapters share, the
+    # MPIJob API's identity, the generic OpenAPI schema engine and the ObjectMeta rules it applies).
     **{f"hvdk8s.{m}": (0, "ground") for m in (
         "_version", "errors", "strict", "atomic", "quantity", "k8snames", "safeyaml", "digest", "events",
         "logformat", "suggest", "schedule", "compression", "precision", "tuning", "faults", "_torch_wait",
         "mpijob.api", "mpijob.layout", "mpijob.topology", "mpijob.problems", "mpijob.podsecurity",
-        "mpijob.security", "launch.procs", "launch.workers", "launch.memlock")},
+        "mpijob.security", "mpijob.validate.schema", "mpijob.validate.objectmeta",
+        "launch.procs", "launch.workers", "launch.memlock")},
     # 1 data and models: datasets, loaders, the node-local cache, the model registry.
     "hvdk8s.data": (1, "data and models"), "hvdk8s.models": (1, "data and models"),
     # 2 the job: the job file (spec/, its sections, loading and errors) and what reads it alone; users'
@@ -207,7 +209,7 @@ FLOORS: dict[str, tuple[int, str]] = {
     "hvdk8s": (2, "the job"),  # the package's __init__: __version__ and the job file's names
     # 3 the renderer and the adapters (hvdk8s.torch, hvdk8s.tensorflow, the Horovod drop-in) and their parts.
     **{f"hvdk8s.{m}": (3, "renderer and adapters") for m in (
-        "mpijob", "_adapter", "torch", "tensorflow", "_torch_launch", "_torch_sharded", "horovod",
+        "mpijob", "mpijob.validate", "_adapter", "torch", "tensorflow", "_torch_launch", "_torch_sharded", "horovod",
         "checkpoint", "metrics", "tensorboard", "runfiles", "failures", "preflight")},
     # 4 the trainer, the launchers and the benchmarks (which start ranks through the local launcher).
     **{f"hvdk8s.{m}": (4, "trainer, launchers, bench") for m in ("trainer", "launch", "rankmain", "bench")},

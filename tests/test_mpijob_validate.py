@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import OPERATOR_CRD
-from hvdk8s.mpijob.validate import (BUILTIN_SCHEMA, Problem, load_crd_schema,
+from hvdk8s.mpijob.validate import (BUILTIN_SCHEMA, Problem, load_crd_schema, served_crd_schema,
                                     validate_documents, validate_mpijob, validate_pod_template, validate_schema)
 
 
@@ -360,6 +360,11 @@ BROKEN = [
      "metadata.generateName", "DNS-1035"),
     ("restart-policy-bogus", {f"{LAUNCHER}.restartPolicy": "Sometimes"}, f"{LAUNCHER}.restartPolicy", "Never"),
     ("labels-not-a-map", {"metadata.labels": "app=pi"}, "metadata.labels", "expected object"),  # was a traceback
+    # The CRD types quantities as integer or string; the Pod schema kubernetes-validate bundles also takes a float.
+    ("float-quantity", {f"{W_C0}.resources.limits.cpu": 0.5}, f"{W_C0}.resources.limits.cpu",
+     "expected integer or string, got number"),
+    ("float-size-limit", {f"{WORKER}.template.spec.volumes": [{"name": "x", "emptyDir": {"sizeLimit": 1.5}}]},
+     f"{WORKER}.template.spec.volumes[0].emptyDir.sizeLimit", "expected integer or string"),
 ]
 
 
@@ -466,6 +471,45 @@ def test_builtin_rules_know_every_crd_spec_field(crd_schema):
     for keys in [(), ("spec",), ("spec", "runPolicy"), ("spec", "runPolicy", "schedulingPolicy"),
                  ("spec", "mpiReplicaSpecs", "*"), ("spec", "mpiReplicaSpecs", "*", "template")]:
         assert fields(BUILTIN_SCHEMA, *keys) == fields(crd_schema, *keys), keys
+
+
+def quantity_paths(schema: dict, path: str = "") -> set:
+    """Where SCHEMA types a resource.Quantity (integer or string, with the quantity pattern)."""
+    found = {path} if schema.get("x-kubernetes-int-or-string") and "pattern" in schema else set()
+    for key, sub in schema.get("properties", {}).items():
+        found |= quantity_paths(sub, f"{path}.{key}")
+    for key in ("additionalProperties", "items"):
+        if isinstance(schema.get(key), dict):
+            found |= quantity_paths(schema[key], f"{path}.{'*' if key == 'additionalProperties' else '[]'}")
+    return found
+
+
+def test_builtin_rules_type_every_quantity_the_crd_types(crd_schema):
+    # Else hvdk8s's own rules would accept a float the API server refuses.
+    crd = quantity_paths(crd_schema)
+    assert ".spec.mpiReplicaSpecs.*.template.spec.containers.[].resources.limits.*" in crd
+    assert crd <= quantity_paths(BUILTIN_SCHEMA), crd - quantity_paths(BUILTIN_SCHEMA)
+
+
+def test_the_served_crd_is_read_through_the_kubernetes_client(crd_schema, monkeypatch):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    crd = yaml.safe_load(OPERATOR_CRD.read_text())
+    asked = []
+
+    class Extensions:
+        def __init__(self, api_client):
+            asked.append(api_client)
+
+        def read_custom_resource_definition(self, name, **options):
+            if name != "mpijobs.kubeflow.org" or options.get("_request_timeout") != 5:
+                raise ApiException(status=404)
+            return type("Response", (), {"data": json.dumps(crd).encode()})()
+
+    monkeypatch.setattr(client, "ApiextensionsV1Api", Extensions)
+    assert served_crd_schema("the api client", timeout=5) == crd_schema and asked == ["the api client"]
+    assert served_crd_schema("the api client") is None  # not found (or forbidden): hvdk8s's own rules stand in
 
 
 def test_load_crd_schema_from_yaml_json_and_dict(crd_schema, tmp_path):

@@ -27,11 +27,13 @@ from hvdk8s.launch.base import Condition, JobStatus, WaitTimeout, phase_of
 from hvdk8s.launch.kubeclient import TIMEOUT, ClusterError, Connection, connect, explain, translated
 from hvdk8s.mpijob.api import CRD_NAME, GROUP, KIND, PLURAL, VERSION
 from hvdk8s.mpijob.monitoring import POD_MONITOR_API, POD_MONITOR_KIND, POD_MONITOR_PLURAL
+from hvdk8s.mpijob.operator import OPERATOR_LABELS
 
 INSTALL_OPERATOR = ("install mpi-operator (kubectl apply --server-side -f https://raw.githubusercontent.com/"
                     "kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml)")
 # mpi-operator labels the launcher's pods so (defaultLabels in its controller).
-LAUNCHER_SELECTOR = "training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
+_, JOB_NAME_LABEL, JOB_ROLE_LABEL = OPERATOR_LABELS
+LAUNCHER_SELECTOR = f"{JOB_NAME_LABEL}={{name}},{JOB_ROLE_LABEL}=launcher"
 PM_GROUP, PM_VERSION = POD_MONITOR_API.split("/")
 NO_POD_MONITORS = (f"serves no PodMonitors (no {POD_MONITOR_PLURAL}.{PM_GROUP} CRD, {POD_MONITOR_API}), which "
                    "observability.metrics.pod_monitor asks for; install the Prometheus Operator, or set "
@@ -162,21 +164,9 @@ class KubernetesLauncher:
 
     def served_schema(self) -> Optional[dict]:
         """The v2beta1 schema of the MPIJob CRD the cluster serves; None where we may not read CRDs."""
-        import json
+        from hvdk8s.mpijob.validate import served_crd_schema
 
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        from hvdk8s.mpijob.validate import load_crd_schema
-
-        try:
-            response = client.ApiextensionsV1Api(self.conn.api).read_custom_resource_definition(
-                CRD_NAME, _preload_content=False, _request_timeout=TIMEOUT)
-        except ApiException as e:
-            if e.status in (403, 404):  # reading CRDs is often not granted to users who may run jobs
-                return None
-            raise
-        return load_crd_schema(json.loads(response.data), VERSION)
+        return served_crd_schema(self.conn.api, VERSION, timeout=TIMEOUT)
 
     def require_schema(self) -> dict:
         """The served CRD's schema (`hvdk8s validate --crd-from-cluster`), or a one-line refusal."""

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Optional
 
 from hvdk8s import k8snames, quantity
 
-from .problems import Problem, child, duplicates
+from ..problems import Problem, child, duplicates, unsupported
+from .objectmeta import annotation_problems, label_problems
 
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
@@ -34,9 +35,9 @@ def template_problems(template: dict, path: str, operator_volumes: Optional[Mapp
     operator_volumes = dict(operator_volumes or {})
     meta, spec = _d(template.get("metadata")), _d(template.get("spec"))
     meta_path, spec_path = child(path, "metadata"), child(path, "spec")
-    out = _labels(meta.get("labels"), child(meta_path, "labels"))
+    out = label_problems(meta.get("labels"), child(meta_path, "labels"))
     out += annotation_problems(meta.get("annotations"), child(meta_path, "annotations"))
-    out += _labels(spec.get("nodeSelector"), child(spec_path, "nodeSelector"))
+    out += label_problems(spec.get("nodeSelector"), child(spec_path, "nodeSelector"))
     for field in ("priorityClassName", "schedulerName", "serviceAccountName"):
         if isinstance(spec.get(field), str) and spec[field]:
             out += [Problem(child(spec_path, field), p) for p in k8snames.dns1123_subdomain(spec[field])]
@@ -45,18 +46,6 @@ def template_problems(template: dict, path: str, operator_volumes: Optional[Mapp
     out += volume_problems
     volume_names |= set(operator_volumes)
     out += _containers(spec, spec_path, volume_names, operator_volumes)
-    return out
-
-
-def _labels(labels: Any, path: str) -> list[Problem]:
-    return [Problem(child(path, key), problem) for key, problem in k8snames.labels(_d(labels))]
-
-
-def annotation_problems(annotations: Any, path: str) -> list[Problem]:
-    out = [Problem(child(path, key), p) for key in _d(annotations) for p in k8snames.qualified_name(str(key))]
-    size = sum(len(str(k)) + len(str(v)) for k, v in _d(annotations).items())
-    if size > 256 * 1024:
-        out.append(Problem(path, f"annotations take {size} bytes; at most 262144 are allowed"))
     return out
 
 
@@ -156,8 +145,7 @@ def _ports(container: dict, where: str) -> list[Problem]:
         out += _port_number(port.get("containerPort"), child(at, "containerPort"))
         out += _port_number(port.get("hostPort"), child(at, "hostPort"), allow_zero=True)
         if isinstance(port.get("protocol"), str) and port["protocol"] not in PROTOCOLS:
-            out.append(Problem(child(at, "protocol"), f"unsupported value {port['protocol']!r}; supported: "
-                                                      f"{', '.join(PROTOCOLS)}"))
+            out.append(Problem(child(at, "protocol"), unsupported(port["protocol"], PROTOCOLS)))
         name = port.get("name")
         if isinstance(name, str):
             out += [Problem(child(at, "name"), p) for p in k8snames.port_name(name)]
