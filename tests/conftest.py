@@ -101,6 +101,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 # (docs/contributing.md), so where its CPU goes says what to cut; wall durations on a shared machine do not.
 CPU_SPENT: dict[str, float] = collections.defaultdict(float)
 CPU_BY_UNIT: dict[str, float] = collections.defaultdict(float)
+WALL_BY_UNIT: dict[str, float] = collections.defaultdict(float)
 
 
 def _cpu_seconds() -> float:
@@ -125,24 +126,30 @@ def pytest_runtest_setup(item) -> None:
 
 
 def pytest_runtest_logreport(report) -> None:
-    """On the controller (or the one process): each test's CPU seconds, from its teardown report."""
-    if report.when != "teardown":
-        return
-    spent = dict(report.user_properties).get("cpu_s")
-    if spent is not None:
-        import workgroups
+    """On the controller (or the one process): each test's CPU seconds (from its teardown report) and wall
+    seconds (its three phases), by test and by stream."""
+    import workgroups
 
+    unit = workgroups.work_unit(report.nodeid, Path(__file__).parent.parent)
+    unit = unit if unit in workgroups.STREAMS else "other"
+    WALL_BY_UNIT[unit] += report.duration
+    spent = dict(report.user_properties).get("cpu_s") if report.when == "teardown" else None
+    if spent is not None:
         CPU_SPENT[report.nodeid] += spent
-        unit = workgroups.work_unit(report.nodeid, Path(__file__).parent.parent)
-        CPU_BY_UNIT[unit if unit in workgroups.STREAMS else "other"] += spent
+        CPU_BY_UNIT[unit] += spent
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     if CPU_SPENT:
-        terminalreporter.section("CPU seconds (this process and the ones it reaped), by stream and slowest 30")
-        terminalreporter.write_line("  ".join(f"{unit} {seconds:.0f}" for unit, seconds in
-                                              sorted(CPU_BY_UNIT.items(), key=lambda kv: -kv[1]))
-                                    + f"  total {sum(CPU_BY_UNIT.values()):.0f}")
+        terminalreporter.section("CPU seconds (this process and the ones it reaped): by stream, file, slowest 30")
+        for unit in sorted(CPU_BY_UNIT, key=lambda u: -CPU_BY_UNIT[u]):
+            terminalreporter.write_line(f"{unit:>18}: CPU {CPU_BY_UNIT[unit]:7.0f} s  wall {WALL_BY_UNIT[unit]:7.0f} s")
+        terminalreporter.write_line(f"{'total':>18}: CPU {sum(CPU_BY_UNIT.values()):7.0f} s")
+        by_file: dict[str, float] = collections.defaultdict(float)
+        for nodeid, seconds in CPU_SPENT.items():
+            by_file[nodeid.split("::")[0]] += seconds
+        for path, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:20]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
         for nodeid, seconds in sorted(CPU_SPENT.items(), key=lambda kv: -kv[1])[:30]:
             terminalreporter.write_line(f"{seconds:8.1f}s {nodeid}")
     if FUZZ_TALLY:
