@@ -228,37 +228,6 @@ def hvdk8s(node: Node, *args: str, timeout: float = 600) -> subprocess.Completed
                           timeout=timeout, env={**os.environ, "KUBECONFIG": str(node.kubeconfig)})
 
 
-def test_digits_trains_on_the_real_operator_and_node(node, tmp_path):
-    """`hvdk8s launch --wait` of the digits example: the real mpi-operator creates the workers, then (once
-    they are Ready) the launcher; mpirun reaches the workers over ssh by their DNS names, the ranks train,
-    the operator marks the MPIJob Succeeded, which ends the wait (exit 0); `hvdk8s logs` and `logs -f` read
-    the launcher's log through the real kubelet and show the accuracy; `hvdk8s delete` removes it all."""
-    job = digits_on_the_node(node, tmp_path / "digits.yaml")
-    ns = "default"  # hostPath needs the privileged level: no PodSecurity label here
-    launched = hvdk8s(node, "launch", "--wait", "--timeout", "8m", str(job))
-    pods = node.kubectl("get", "pods,events", "-n", ns, check=False).stdout
-    assert launched.returncode == 0, launched.stdout + launched.stderr + pods
-    assert "mpijob/digits-mlp: Succeeded" in launched.stderr, launched.stderr  # the watch's lines
-    status = node.get("mpijob", "-n", ns, "digits-mlp")["status"]
-    assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
-    assert status["replicaStatuses"]["Launcher"] == {"succeeded": 1}
-    logs = hvdk8s(node, "logs", "digits-mlp")
-    assert logs.returncode == 0, logs.stderr
-    done = [line for line in logs.stdout.splitlines() if line.startswith("done: test accuracy")]
-    assert done, logs.stdout
-    accuracy = float(done[0].split()[3].rstrip("%"))
-    assert accuracy > 90, done[0]
-    assert "epoch 15/15" in logs.stdout
-    # A CPU job forwards no LD_LIBRARY_PATH, which its image does not set (mpirun warned of it: difference 4).
-    assert "could not find environment variable" not in logs.stdout + logs.stderr, logs.stdout
-    followed = hvdk8s(node, "logs", "-f", "digits-mlp", timeout=120)
-    assert followed.returncode == 0 and done[0] in followed.stdout, followed.stdout + followed.stderr
-    deleted = hvdk8s(node, "delete", "digits-mlp")
-    assert deleted.returncode == 0, deleted.stderr
-    node.wait_for("the job's pods to go", lambda: not node.get(
-        "pods", "-n", ns, "-l", "hvdk8s.io/job=digits-mlp")["items"], timeout=120)
-
-
 FAILING_SCRIPT = '''"""Rank 1 fails at once; rank 0 waits for it in an allreduce until mpirun ends the job."""
 import horovod.torch as hvd
 import torch
@@ -472,23 +441,28 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits_served_to_the_node):
-    """A job whose dataset is an http:// source (node-cached): each worker's init containers (rendered by
-    hvdk8s: chown with CAP_CHOWN, then `hvdk8s cache sync` as uid 1000 with the image's own Python) sync it
-    onto the node's hostPath `<cache_dir>/default`, from a server on the host's loopback reached through
-    node.sh's relay; the ranks train from the node's copy (5 epochs, > 80 %). Both workers share the
-    node, so the dataset is fetched once. Afterwards the hostPath holds the complete, verified copy (its
-    manifest, every file's sha256 and bytes equal to the source's). A second job on the same node reuses it:
-    its sync finds every file in place (last-sync.json: nothing missed, 0 bytes copied), the manifest is
-    the first sync's, last-used moves on, and the server sends no data file again. On the host the relay
-    adds no TCP listener: the served port has only the server's on 127.0.0.1. The second job is queued
-    through real Kueue (one training less than a test of its own)."""
+def test_digits_trains_on_the_operator_and_node_from_the_node_cache_and_a_second_job_reuses_it(
+        node, tmp_path, digits_served_to_the_node):
+    """`hvdk8s launch --wait` of the digits example whose dataset is an http:// source (node-cached): the
+    real mpi-operator creates the workers, then (once they are Ready) the launcher; each worker's init
+    containers (rendered by hvdk8s: chown with CAP_CHOWN, then `hvdk8s cache sync` as uid 1000 with the
+    image's own Python) sync the dataset onto the node's hostPath `<cache_dir>/default`, from a server on
+    the host's loopback reached through node.sh's relay; mpirun reaches the workers over ssh by their DNS
+    names, the ranks train from the node's copy, the operator marks the MPIJob Succeeded, which ends the
+    wait (exit 0); `hvdk8s logs` and `logs -f` read the launcher's log through the real kubelet and show the
+    accuracy; `hvdk8s delete` removes it all. Both workers share the node, so the dataset is fetched once;
+    afterwards the hostPath holds the complete, verified copy (its manifest, every file's sha256 and bytes
+    equal to the source's). A second job on the same node, queued through real Kueue, reuses it: its sync
+    finds every file in place (last-sync.json: nothing missed, 0 bytes copied), the manifest is the first
+    sync's, last-used moves on, and the server sends no data file again. On the host the relay adds no TCP
+    listener: the served port has only the server's on 127.0.0.1. (One test: each job on the node costs
+    minutes of pods starting on a 2-core machine.)"""
     from hvdk8s.data import cache
 
     url, source, served = digits_served_to_the_node
     cache_dir = tmp_path / "node-cache"  # kubernetes.cache_dir: the node's hostPath is <cache_dir>/default
     job = yaml.safe_load(digits_on_the_node(node, tmp_path / "digits.yaml").read_text())
-    job.update(name="digits-cached", dataset={"path": url, "version": "v1"})
+    job.update(dataset={"path": url, "version": "v1"})
     job["kubernetes"]["cache_dir"] = str(cache_dir)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
@@ -502,6 +476,15 @@ def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits
         logs = hvdk8s(node, "logs", name)
         done = [line for line in logs.stdout.splitlines() if line.startswith("done: test accuracy")]
         assert done, logs.stdout + logs.stderr
+        assert f"epoch {epochs}/{epochs}" in logs.stdout, logs.stdout
+        if not options:  # the operator's view of the first job, and its log followed to the end
+            status = node.get("mpijob", "-n", "default", name)["status"]
+            assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
+            assert status["replicaStatuses"]["Launcher"] == {"succeeded": 1}
+            # A CPU job forwards no LD_LIBRARY_PATH, which its image does not set (mpirun warned of it: difference 4).
+            assert "could not find environment variable" not in logs.stdout + logs.stderr, logs.stdout
+            followed = hvdk8s(node, "logs", "-f", name, timeout=120)
+            assert followed.returncode == 0 and done[0] in followed.stdout, followed.stdout + followed.stderr
         if options:  # through Kueue: its Workload was admitted and finished; the launcher waited for the workers
             workloads = node.get("workloads", "-n", "default")["items"]
             assert len(workloads) == 1
@@ -518,7 +501,7 @@ def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits
     def data_served() -> dict:
         return {path: n for path, n in served.items() if not path.endswith("hvdk8s-manifest.json")}
 
-    assert run("digits-cached", 5) > 80  # trained from the node's copy (the example's 15 epochs: the digits test)
+    assert run("digits-mlp", 6) > 90  # trained from the node's copy
     # The node's cache: <cache_dir>/<namespace>/<key>/, complete (manifest.json written last) and verified.
     node_cache = cache_dir / "default"
     local = cache.cached_path(url, node_cache, "v1")
@@ -548,7 +531,7 @@ def test_a_node_cached_dataset_is_synced_once_then_reused(node, tmp_path, digits
     # starts the launcher together with the workers, not after they are Ready (docs/k8s-stack.md section 4,
     # difference 0): the launcher's own wait for the workers' sshd keeps mpirun from racing them.
     node.kubectl("apply", "-f", "-", input=QUEUES)
-    run("digits-cached-again", 2, "--set", "kubernetes.queue=team")  # from the node's copy; 2 epochs show it
+    run("digits-cached-again", 1, "--set", "kubernetes.queue=team")  # from the node's copy; 1 epoch shows it
     again = json.loads((dataset / "last-sync.json").read_text())
     assert again["files_missed"] == 0 and again["bytes_copied"] == 0, (first, again)
     assert again["files_hit"] == len(manifest["files"]), again

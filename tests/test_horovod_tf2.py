@@ -69,14 +69,16 @@ def test_the_keras_mnist_training_learns_with_the_callbacks(tmp_path):
 def test_the_elastic_synthetic_benchmark_goes_from_2_to_1_rank_under_launch_local(tmp_path):
     """Under `hvdk8s launch --local` with a discovery script (horovodrun elastic, Gloo on `lo`): the run
     starts on 2 ranks, the discovery script then offers 1 slot, Horovod takes a rank away, the reset
-    callback rescales the rate through `opt.lr`, and the benchmark goes on from the committed state."""
+    callback rescales the rate through `opt.lr`, and the benchmark goes on from the committed state. On a
+    small convnet: the Keras application is the synthetic benchmark's test (above)."""
     script = tmp_path / "benchmark.py"
     shutil.copy(RANK_SCRIPTS / "hvd_tf2_elastic_synthetic.py", script)
     shutil.copy(RANK_SCRIPTS / "hvd_tf2_parts.py", tmp_path)  # beside the script, as a user's module would be
     stop = tmp_path / "stop"
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({"name": "hvd-elastic-benchmark", "framework": "tensorflow",
-                                   "entrypoint": {"script": "benchmark.py", "args": [str(tmp_path), "--stop", str(stop)]},
+                                   "entrypoint": {"script": "benchmark.py", "args": [str(tmp_path), "--stop", str(stop),
+                                                                           "--model", "convnet"]},
                                    "training": {"elastic": {"min_workers": 1, "max_workers": 2}}}))
     code, out, taken = elastic_launch(job, tmp_path, [
         (r"Iter #1: .*, 2 ranks, lr 0.02\b", lambda hosts: hosts.write_text("localhost:1\n")),

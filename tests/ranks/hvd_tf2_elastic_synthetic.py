@@ -10,21 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from hvd_tf2_parts import benchmark_arguments, synthetic_batch
-from tensorflow.keras import applications
+from hvd_tf2_parts import benchmark_arguments, benchmark_model, synthetic_batch
 
 import hvdk8s.horovod.tensorflow as hvd
 
 parser = argparse.ArgumentParser()
 benchmark_arguments(parser)
 parser.add_argument("--stop", type=Path, required=True)
+parser.add_argument("--model", default="MobileNetV3Small")  # the smallest Keras application
 parser.add_argument("--num-iters", type=int, default=1000)
 parser.add_argument("--num-batches-per-commit", type=int, default=1)
 args = parser.parse_args()
 
 hvd.init()
 lr = 0.01
-model = applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), classes=10)  # the smallest Keras application
+model = benchmark_model(args.model)
 opt = tf.optimizers.SGD(lr * hvd.size())
 data, target = synthetic_batch(args.batch_size)
 

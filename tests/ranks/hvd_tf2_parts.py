@@ -30,6 +30,15 @@ def build_mnist_model() -> tf.keras.Model:
     ])
 
 
+def benchmark_model(name: str) -> tf.keras.Model:
+    """The synthetic benchmarks' model: a Keras application by name (as the examples' `--model`), built
+    for 32x32 images of 10 classes, or "convnet": the MNIST convnet above on them, for a test whose point
+    is not the model (tracing a Keras application costs two ranks on a shared CPU tens of seconds)."""
+    if name == "convnet":
+        return build_mnist_model()
+    return getattr(tf.keras.applications, name)(weights=None, input_shape=(32, 32, 3), classes=10)
+
+
 def benchmark_arguments(parser) -> None:
     """The synthetic benchmarks' options (smaller defaults than Horovod's)."""
     parser.add_argument("out", type=Path)

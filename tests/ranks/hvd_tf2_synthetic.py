@@ -8,8 +8,7 @@ import timeit
 
 import numpy as np
 import tensorflow as tf
-from hvd_tf2_parts import benchmark_arguments, digest, synthetic_batch
-from tensorflow.keras import applications
+from hvd_tf2_parts import benchmark_arguments, benchmark_model, digest, synthetic_batch
 
 import hvdk8s.horovod.tensorflow as hvd
 
@@ -24,7 +23,7 @@ gpus = tf.config.experimental.list_physical_devices("GPU")
 if gpus:
     tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
-model = getattr(applications, args.model)(weights=None, input_shape=(32, 32, 3), classes=10)
+model = benchmark_model(args.model)
 opt = tf.optimizers.SGD(0.01)
 data, target = synthetic_batch(args.batch_size)
 initial = [v.numpy() for v in model.trainable_variables]
