@@ -248,7 +248,6 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
 
     On the cluster of KUBECONFIG/--context as a Kubeflow MPIJob, or with `--local -np N`, as N ranks
     here following rank 0's progress."""
-    from hvdk8s.data.cache import CacheError
     from hvdk8s.launch import local as local_launch
 
     spec = _load(job, overrides)  # fail here, once, rather than in every rank
@@ -282,15 +281,6 @@ def launch(job: str, local: bool, np: int, controller: str, no_resume: bool, dis
         if problem:
             raise UserError(f"--discovery-script: {problem}")
         discovery_script = discovery_script.resolve()
-    local_launch.check_np(spec, np)  # before a dataset sync, not after it
-    from hvdk8s.preflight import check_checkpoint_dir, check_metrics_ports
-
-    check_checkpoint_dir(spec, job)
-    check_metrics_ports(spec, np, job)
-    try:
-        local_launch.prepare_dataset(spec)  # sync a cached dataset before the ranks start
-    except CacheError as e:
-        raise UserError(f"{job}: the dataset could not be synced", [("dataset.path", str(e))]) from None
     code, failed = local_launch.run(spec, Path(job).parent, job, np, controller, resume=not no_resume,
                                     discovery_script=discovery_script, log_format=log_format)
     if code:
