@@ -85,12 +85,17 @@ def loads(text: Union[str, bytes], *, max_bytes: int = MAX_BYTES, max_depth: int
     return docs
 
 
+def read_bytes(path: Union[str, os.PathLike], max_bytes: int = MAX_BYTES) -> bytes:
+    """At most max_bytes + 1 bytes of the file at `path`: enough for `loads` to refuse a larger one. OSError
+    for a file that cannot be read (the caller names it)."""
+    with open(path, "rb") as f:
+        return f.read(max_bytes + 1)
+
+
 def read(path: Union[str, os.PathLike], *, max_bytes: int = MAX_BYTES, **limits: int) -> list:
     """The documents of the file at `path`, reading at most max_bytes + 1 bytes of it. OSError for a
     file that cannot be read (the caller names it)."""
-    with open(path, "rb") as f:
-        data = f.read(max_bytes + 1)
-    return loads(data, max_bytes=max_bytes, **limits)
+    return loads(read_bytes(path, max_bytes), max_bytes=max_bytes, **limits)
 
 
 def load_value(text: str) -> Any:

@@ -97,9 +97,9 @@ def test_a_log_draws_as_the_local_view_draws_its_events():
 
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("2.5s", 2.5)])
 def test_durations(text, seconds):
-    from hvdk8s.cli_cluster import _duration
+    from hvdk8s.cli.options import duration
 
-    assert _duration(None, None, text) == seconds
+    assert duration(None, None, text) == seconds
 
 
 def test_flags_of_the_other_back_end_are_refused(job_file):

@@ -213,8 +213,8 @@ FLOORS: dict[str, tuple[int, str]] = {
         "checkpoint", "metrics", "tensorboard", "runfiles", "failures", "preflight")},
     # 4 the trainer, the launchers and the benchmarks (which start ranks through the local launcher).
     **{f"hvdk8s.{m}": (4, "trainer, launchers, bench") for m in ("trainer", "launch", "rankmain", "bench")},
-    # 5 the command line.
-    **{f"hvdk8s.{m}": (5, "command line") for m in ("cli", "cli_cluster", "__main__")},
+    # 5 the command line: the package hvdk8s.cli (its verb groups, the one console and error handler).
+    **{f"hvdk8s.{m}": (5, "command line") for m in ("cli", "__main__")},
 }
 
 

@@ -457,13 +457,13 @@ def test_the_init_container_leases_the_dataset_through_the_launchers_wait_for_wo
     workers): its sync leases the dataset for that wait plus 600 s, in the CLI's own duration syntax."""
     import click
 
-    from hvdk8s.cli_cluster import _duration
+    from hvdk8s.cli.options import duration
 
     job = job_of(case, f"kubernetes.worker_wait_seconds={wait}")
     command = pod_of(job, "Worker")["initContainers"][1]["command"]
     assert command[:3] == ["hvdk8s", "cache", "sync"] and command.count("--lease") == 1
     lease = command[command.index("--lease") + 1]
-    assert _duration(click.Context(click.Command("x")), None, lease) == wait + 600
+    assert duration(click.Context(click.Command("x")), None, lease) == wait + 600
     ds = renderer.warm_daemonset(load_job(GOLDEN / case / "job.yaml", [f"kubernetes.worker_wait_seconds={wait}"]))
     assert ds["spec"]["template"]["spec"]["initContainers"][1]["command"] == command
 

@@ -178,6 +178,22 @@ def prepare_dataset(spec):
                       progress=True, keep_hold=True).hold
 
 
+def preflight(spec, np: int, source: str) -> None:
+    """What would fail the ranks after they started, checked before any starts (UserError naming the field):
+    -np within an elastic job's bounds (before a dataset sync, not after it), a writable checkpoint
+    directory, free metrics ports; then a cached dataset synced here."""
+    from hvdk8s.data.cache import CacheError
+    from hvdk8s.preflight import check_checkpoint_dir, check_metrics_ports
+
+    check_np(spec, np)
+    check_checkpoint_dir(spec, source)
+    check_metrics_ports(spec, np, source)
+    try:
+        prepare_dataset(spec)
+    except CacheError as e:
+        raise UserError(f"{source}: the dataset could not be synced", [("dataset.path", str(e))]) from None
+
+
 def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CONTROLLER, resume: bool = True,
         console=None, discovery_script: Optional[Path] = None,
         log_format: str = logformat.DEFAULT_FORMAT) -> tuple[int, Optional[failures.Failure]]:
@@ -224,15 +240,16 @@ class LocalLauncher:
         self._tmp: Optional[tempfile.TemporaryDirectory] = None
 
     def submit(self, spec, job_dir: Path, source: str) -> str:
+        """The preflight, then the ranks started; returns the job's name."""
         from hvdk8s.spec import dump_job, with_backend_defaults
 
         if self.proc is not None:
             raise LaunchError(f"this launcher already runs job {self.name}")
+        preflight(spec, self.np, source)
         self._tmp = tempfile.TemporaryDirectory(prefix="hvdk8s-job-")
         job_file = Path(self._tmp.name) / "job.yaml"
         spec = with_backend_defaults(spec, cluster=False)  # what the ranks see: metrics off unless asked for
         job_file.write_text(dump_job(spec), encoding="utf-8")
-        check_np(spec, self.np)
         elastic = None
         if spec.training.elastic is not None:
             script = self.discovery_script or local_discovery_script(Path(self._tmp.name), self.np)

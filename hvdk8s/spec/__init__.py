@@ -13,7 +13,7 @@ writes job files. Importers use `hvdk8s.spec` alone: every name is re-exported h
 from hvdk8s.spec.job import IMAGE_BUILDS, IMAGE_REPOSITORY, Framework, JobSpec, default_image, with_backend_defaults
 from hvdk8s.spec.kubernetes import (KubernetesSpec, LauncherSpec, NFSVolumeSpec, PodSecurityLevel,
                                     SchedulingPolicySpec, SecretRef, TolerationSpec, VolumeSpec)
-from hvdk8s.spec.loading import JOB_ENV, apply_overrides, current_job, dump_job, load_job, parse_job
+from hvdk8s.spec.loading import JOB_ENV, apply_overrides, current_job, dump_job, load_job, parse_job, read_job_file
 from hvdk8s.spec.observability import AUTOTUNE_FILE, TENSORBOARD_DIR, TIMELINE_FILE, MetricsSpec, ObservabilitySpec
 from hvdk8s.spec.problems import JobFileError
 from hvdk8s.spec.resources import PER_WORKER_POD, SHM_DEFAULT_MAX, RDMASpec, ResourcesSpec, Tuning
@@ -30,5 +30,5 @@ __all__ = [
     "REMOTE_SCHEMES", "ResourcesSpec", "S3Spec", "S3_SECRET_KEYS", "S3_SECRET_OPTIONAL_KEYS", "SHM_DEFAULT_MAX",
     "SchedulingPolicySpec", "SecretRef", "TENSORBOARD_DIR", "TIMELINE_FILE", "TRAINER_REQUIRED", "Task",
     "TolerationSpec", "TrainingSpec", "Tuning", "VolumeSpec", "apply_overrides", "current_job", "default_image",
-    "dump_job", "load_job", "parse_job", "with_backend_defaults",
+    "dump_job", "load_job", "parse_job", "read_job_file", "with_backend_defaults",
 ]

@@ -1,5 +1,6 @@
-"""A job file read, overridden (`--set`), validated and written back: `load_job` for a path, `parse_job` for
-a document already read, `dump_job` for the canonical YAML, and `current_job` for the job a rank runs."""
+"""A job file read, overridden (`--set`), validated and written back: `load_job` for a path (or the bytes
+`read_job_file` read of it), `parse_job` for a document already read, `dump_job` for the canonical YAML,
+and `current_job` for the job a rank runs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -83,18 +84,27 @@ def apply_overrides(data: dict, overrides: list[str], source: str) -> dict:
         raise JobFileError(source, [(e.field, e.message)]) from None
 
 
-def load_job(path: Union[str, Path], overrides: Optional[list[str]] = None) -> JobSpec:
-    """Read and validate a job file. Raises JobFileError (never a bare YAML or pydantic error)."""
-    path = Path(path)
-    source = str(path)
+def read_job_file(path: Union[str, Path], max_bytes: int = safeyaml.MAX_BYTES) -> bytes:
+    """The bytes of a job file, at most max_bytes + 1 (more is refused when parsed). Raises JobFileError for
+    a file that cannot be read."""
+    source = str(Path(path))
     try:
-        docs = safeyaml.read(path)
+        return safeyaml.read_bytes(path, max_bytes)
     except FileNotFoundError:
         raise JobFileError(source, [("", "file not found")]) from None
     except IsADirectoryError:
         raise JobFileError(source, [("", "is a directory, not a job file")]) from None
     except OSError as e:
         raise JobFileError(source, [("", f"cannot read: {e.strerror or e}")]) from None
+
+
+def load_job(path: Union[str, Path], overrides: Optional[list[str]] = None, raw: Optional[bytes] = None) -> JobSpec:
+    """Read and validate a job file, or its bytes `raw` already read (`read_job_file`). Raises JobFileError
+    (never a bare YAML or pydantic error)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        docs = safeyaml.loads(read_job_file(path) if raw is None else raw)
     except safeyaml.YAMLInputError as e:
         raise JobFileError(source, [("", str(e))]) from None
     if len(docs) != 1:
