@@ -181,6 +181,9 @@ def test_readme_launches_run_as_shown(workdir):
     assert "done: test accuracy" in launched["examples/factories/job.yaml"]
     assert "test accuracy" in launched["examples/script/job.yaml"]
     check_quickstart_output(launched["examples/digits.yaml"])
+    # The digits job file as it is, under PyTorch (test_tensorflow.py runs it under TensorFlow, framework changed).
+    assert "job digits-mlp: pytorch mlp on digits, 2 ranks, compression none" in launched["examples/digits.yaml"]
+    assert float(re.search(r"done: test accuracy ([\d.]+)%", launched["examples/digits.yaml"]).group(1)) >= 95
 
 
 def check_quickstart_output(stdout: str) -> None:
