@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from .catalog import BUILTIN, SyntheticImagesArgs, SyntheticTokensArgs
-from .sharding import epoch_rng
+from .rankplans import epoch_rng
 from .shards import ShardedDataset
 
 # Built-in data is derived from a fixed seed, not the job's: changing the training seed must not

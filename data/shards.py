@@ -134,7 +134,7 @@ class ShardedDataset:
         return x, y
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
-        from .sharding import epoch_rng
+        from .rankplans import epoch_rng
 
         rng = epoch_rng(seed, epoch)
         blocks = [self.offsets[s] + rng.permutation(self.shards[s]["samples"])
