@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from hvdk8s import metrics
 from hvdk8s._adapter import die_with_parent  # framework-free: no torch or tensorflow import here
+from hvdk8s.failures import report_uncaught
 
 
 def line_buffered_stdout() -> None:
@@ -53,7 +54,6 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m hvdk8s.rankmain --script PATH | --module NAME [ARGS...]")
     kind, target, args = argv[0], argv[1], argv[2:]
     line_buffered_stdout()
-    from hvdk8s.failures import report_uncaught
     from hvdk8s.runfiles import make_dirs  # after die_with_parent: it imports the job schema
     from hvdk8s.spec import JOB_ENV, current_job
 
