@@ -17,6 +17,7 @@ from hvdk8s.bench.allreduce import size_label
 from hvdk8s.bench.cluster_rank import MARK
 from hvdk8s.bench.core import Comparison, Row
 from hvdk8s.errors import UserError
+from hvdk8s.mpijob import render as renderer
 from hvdk8s.spec import JobFileError, JobSpec, dump_job, parse_job
 
 VARIANTS = (("rdma", True), ("tcp", False))
@@ -49,8 +50,6 @@ def bench_jobs(spec: JobSpec, source: str) -> dict[str, JobSpec]:
 
 
 def render(spec: JobSpec, source: str, output: str) -> list[Path]:
-    from hvdk8s.mpijob import render as renderer
-
     written = []
     for label, job in bench_jobs(spec, source).items():
         written += renderer.write_directory(job, str(Path(output) / label), {})

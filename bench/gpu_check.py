@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdk8s import tuning
+from hvdk8s.bench import machine, report
 from hvdk8s.bench.core import Comparison, Row, interleaved
 from hvdk8s.bench.ranks import step_seconds
 from hvdk8s.launch import local
@@ -84,8 +85,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="no GPU needed: 2 steps on CPU, NCCL not checked")
     parser.add_argument("-d", "--output-dir", default=None)
     args = parser.parse_args(argv)
-    from hvdk8s.bench import machine, report
-
     if args.dry_run:
         args.steps, args.repeats = 2, 1
         print("gpu_check: dry run (CPU, 2 steps): NCCL not checked, the ratios mean nothing", flush=True)

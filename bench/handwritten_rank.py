@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from hvdk8s.data.datasets import open_splits
+from hvdk8s.models import build
+from hvdk8s.spec import load_job
+
 
 def main(config: dict) -> None:
-    from hvdk8s.data.datasets import open_splits
-    from hvdk8s.models import build
-    from hvdk8s.spec import load_job
-
     spec = load_job(config["job"])
     t = spec.training
     hvd.init()

@@ -8,6 +8,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from hvdk8s import tuning
+
 
 def _cpu_model() -> str:
     try:
@@ -59,8 +61,6 @@ def _commit() -> str | None:
 
 def _tuning() -> str:
     """The profile `launch --local` gives the benchmarks' hvdk8s ranks here (hvdk8s/tuning.py)."""
-    from hvdk8s import tuning
-
     return tuning.resolve("auto", tuning.gpus_visible(os.environ))
 
 

@@ -37,7 +37,7 @@ def chosen(only: Sequence[str]) -> list[str]:
 
 
 def prepare_output(output: str) -> Path:
-    from hvdk8s.atomic import unwritable_reason
+    from hvdk8s.atomic import unwritable_reason  # here: `hvdk8s --help` imports this module
 
     reason = unwritable_reason(output)
     if reason is not None:
@@ -46,7 +46,7 @@ def prepare_output(output: str) -> Path:
 
 
 def run(names: list[str], quick: bool, out: Path, say) -> list:
-    from hvdk8s.bench import machine, report
+    from hvdk8s.bench import machine, report  # as above
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices are not results
     described = machine.describe()

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from hvdk8s._torch_sharded import storage_bytes
 from hvdk8s.bench.step_rank import Mode, batch
+from hvdk8s.models import build as build_model
 
 # name: (registry model, its arguments, dataset info)
 MODELS = {
@@ -30,8 +31,6 @@ MODELS = {
 
 
 def build(config: dict, mode: Mode):
-    from hvdk8s.models import build as build_model
-
     registered, args, info = MODELS[config["model"]]
     torch.manual_seed(0)
     model = build_model(registered, "pytorch", args, **info).to(mode.device)

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from hvdk8s.models import build as build_model
+
 # name: (registry model, its arguments, dataset info). Sizes a 2-core machine runs in tens of
 # milliseconds per step; the same for every mode.
 MODELS = {
@@ -33,8 +35,6 @@ MODELS = {
 
 
 def build(name: str) -> tuple[torch.nn.Module, dict]:
-    from hvdk8s.models import build as build_model
-
     registered, args, info = MODELS[name]
     torch.manual_seed(0)
     return build_model(registered, "pytorch", args, **info), info

@@ -18,6 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from hvdk8s.models import build  # noqa: E402
+
 
 class EpochTimer(keras.callbacks.Callback):
     """Each epoch's wall seconds."""
@@ -34,8 +36,6 @@ class EpochTimer(keras.callbacks.Callback):
 
 
 def main(config: dict) -> None:
-    from hvdk8s.models import build
-
     rank, size, callbacks = 0, 1, []
     if config["mode"] == "hvdk8s":
         import hvdk8s.tensorflow as htf

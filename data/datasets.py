@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from .catalog import BUILTIN, SyntheticImagesArgs, SyntheticTokensArgs
-from .sharding import epoch_rng
+from .rankplans import epoch_rng
 from .shards import ShardedDataset
 
 # Built-in data is derived from a fixed seed, not the job's: changing the training seed must not
@@ -241,7 +241,7 @@ def dataset_root(dataset_spec) -> Path:
     """Where a `path` dataset is read from: the node-local copy when it is cached, else the path itself."""
     if not dataset_spec.cached:
         return Path(dataset_spec.path.removeprefix("file://"))
-    from .cache import CacheError, cached_path
+    from .cache import CacheError, cached_path  # here: ranks of datasets not cached never load the cache (rich)
 
     root = cache_root()
     path = cached_path(dataset_spec.path, root, dataset_spec.version)
@@ -258,7 +258,7 @@ def holding(dataset_spec) -> Iterator[None]:
     if dataset_spec is None or dataset_spec.path is None or not dataset_spec.cached:
         yield
         return
-    from .cache import dataset_key, hold
+    from .cache import dataset_key, hold  # as in dataset_root
 
     with hold(cache_root(), dataset_key(dataset_spec.path, dataset_spec.version)):
         yield
@@ -269,7 +269,7 @@ def last_sync(dataset_spec) -> Optional[dict]:
     files_missed, bytes_copied), or None."""
     if dataset_spec is None or dataset_spec.path is None or not dataset_spec.cached:
         return None
-    from .cache import dataset_key
+    from .cache import dataset_key  # as in dataset_root
     from .cache.layout import DatasetDir
 
     return DatasetDir(cache_root(), dataset_key(dataset_spec.path, dataset_spec.version)).read_last_sync()

@@ -23,6 +23,8 @@ from hvdk8s.atomic import atomic_write
 from hvdk8s.digest import sha256_file
 from hvdk8s.errors import UserError
 
+from .rankplans import epoch_rng
+
 FORMAT = "hvdk8s-shards"
 VERSION = 1
 INDEX = "index.json"
@@ -134,8 +136,6 @@ class ShardedDataset:
         return x, y
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
-        from .sharding import epoch_rng
-
         rng = epoch_rng(seed, epoch)
         blocks = [self.offsets[s] + rng.permutation(self.shards[s]["samples"])
                   for s in rng.permutation(len(self.shards))]

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from .datasets import ArrayDataset, IndexSubset
-from .sharding import plan_epoch, step_counts
+from .rankplans import plan_epoch, step_counts
 
 # In-memory arrays up to this size are copied into the pipeline and gathered from by TensorFlow; larger
 # ones are read through `dataset.take` instead, so the copy never doubles a big dataset's memory.
@@ -49,7 +49,7 @@ def sharded_dataset(dataset, batch_size: int, *, rank: int, size: int, seed: int
     shard cache of one on disk is not), ahead of the training step.
 
     `order` fixes the global order of every pass (elastic training gives what is left of an epoch after
-    the ranks changed, `hvdk8s.data.sharding.unread_after`, and iterates once).
+    the ranks changed, `hvdk8s.data.rankplans.unread_after`, and iterates once).
     """
     arrays = _in_memory(dataset)
     if arrays is not None and arrays[0].nbytes + arrays[1].nbytes > _IN_PIPELINE_BYTES:

@@ -8,7 +8,7 @@ from typing import Iterator, NamedTuple, Optional
 import numpy as np
 import torch
 
-from .sharding import EpochPlan, plan_epoch, step_counts
+from .rankplans import EpochPlan, plan_epoch, step_counts
 
 
 class Batch(NamedTuple):
@@ -22,7 +22,7 @@ class ShardedLoader:
 
     Call `set_epoch(e)` before each epoch (as with torch's DistributedSampler): the order is a function
     of (seed, epoch), so it changes every epoch and repeats for the same seed. Every rank yields the same
-    number of batches; the last ones may be short or empty on some ranks (see `hvdk8s.data.sharding`).
+    number of batches; the last ones may be short or empty on some ranks (see `hvdk8s.data.rankplans`).
 
     `prefetch=n` reads up to n batches ahead on a background thread, so reading overlaps the training
     step; the batches and their order are the same as with 0 (read in the loop). `dataset.take` then runs
@@ -44,7 +44,7 @@ class ShardedLoader:
 
     def set_epoch(self, epoch: int, order: Optional[np.ndarray] = None) -> None:
         """The epoch to read next; `order` replaces its global order (elastic training passes what is left
-        of an epoch after the ranks changed: `hvdk8s.data.sharding.unread_after`)."""
+        of an epoch after the ranks changed: `hvdk8s.data.rankplans.unread_after`)."""
         self.epoch, self.order = epoch, order
 
     def epoch_order(self) -> np.ndarray:
@@ -57,7 +57,7 @@ class ShardedLoader:
 
     @property
     def global_counts(self):
-        """Samples all ranks read at each step; the same every epoch (see hvdk8s.data.sharding) unless
+        """Samples all ranks read at each step; the same every epoch (see hvdk8s.data.rankplans) unless
         `set_epoch` was given an order of another length."""
         n = len(self.dataset) if self.order is None else len(self.order)
         return step_counts(n, self.size, self.batch_size, self.steps_multiple)

@@ -11,6 +11,6 @@ from hvdk8s._version import __version__  # noqa: F401  (hvdk8s.__version__)
 def job():
     """The validated job (a `hvdk8s.spec.JobSpec`, defaults filled in) this rank was started for by
     `hvdk8s launch` or a rendered MPIJob, so a script and its job file never disagree."""
-    from hvdk8s.spec import current_job
+    from hvdk8s.spec import current_job  # here: `import hvdk8s.torch` runs this file and needs no job schema
 
     return current_job()

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from hvdk8s import tuning
+from hvdk8s import metrics as _metrics, tuning
 from hvdk8s.schedule import lr_scale
 
 # Verbs (and constants) both adapters export with identical parameters; tests/test_contract.py checks it.
@@ -80,13 +80,12 @@ def scaled_learning_rate(base: float, rule: str, ranks: int, backward_passes_per
 def metrics(rank: int, local_rank: int, local_size: int, port: Optional[int], job=None):
     """This rank's Prometheus metrics (`hvdk8s.metrics.Metrics`), served from the first call on.
 
-    On when `port` is given, or when the job (`job`, else the one this rank runs as: `hvdk8s.job()`)
-    has them on; otherwise a Metrics that records nothing, so callers need not check."""
-    from hvdk8s import metrics as _metrics
-    from hvdk8s.spec import JOB_ENV, current_job
-
-    if job is None and os.environ.get(JOB_ENV):
-        job = current_job()
+    On when `port` is given, or when the job (`job`, else the one whoever started this rank named:
+    `hvdk8s.metrics.job_of_process`) has them on; otherwise a Metrics that records nothing, so callers
+    need not check. The job file itself is read by the rank's entry (`hvdk8s.rankmain`), not here: the
+    adapters stay below the job file's floor."""
+    if job is None:
+        job = _metrics.job_of_process()
     if port is None:
         if job is None or not job.observability.metrics.enabled:
             return _metrics.current()

@@ -301,6 +301,21 @@ def unusable_port(port: int, local_ranks: int, host: str = "127.0.0.1") -> Optio
 
 _current = Metrics(enabled=False)
 _lock = threading.Lock()
+_job: Optional[Callable[[], Any]] = None  # see rank_of
+
+
+def rank_of(job: Callable[[], Any]) -> None:
+    """Name the job this process runs as a rank of: `job()` returns it (a `hvdk8s.spec.JobSpec`), called
+    the first time metrics are asked for without a port or a job. Whoever starts a rank with its job
+    (`hvdk8s.rankmain`, for a job's own script) calls this, so that the adapters' `metrics()` follow the
+    job's `observability.metrics` without reading the job file themselves."""
+    global _job
+    _job = job
+
+
+def job_of_process() -> Any:
+    """The job `rank_of` named (read now), or None if none was."""
+    return _job() if _job is not None else None
 
 
 def current() -> Metrics:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hvdk8s import metrics
+from hvdk8s.checkpoint import check_writable
 from hvdk8s.entrypoint import carried_files
 from hvdk8s.factories import FactoryError, build_model, dataset_splits, importable_from
 from hvdk8s.spec import JobFileError, JobSpec
@@ -11,8 +13,6 @@ from hvdk8s.spec import JobFileError, JobSpec
 
 def check_checkpoint_dir(spec: JobSpec, source: str) -> None:
     """The checkpoint directory can be created and written here (a local launch's ranks share it)."""
-    from hvdk8s.checkpoint import check_writable
-
     if spec.training.checkpoint.dir:
         problem = check_writable(spec.training.checkpoint.dir)
         if problem:
@@ -22,8 +22,6 @@ def check_checkpoint_dir(spec: JobSpec, source: str) -> None:
 def check_metrics_ports(spec: JobSpec, np: int, source: str) -> None:
     """A local job with metrics on: its ranks' ports are free here (else the first rank fails after the
     others started, and they fail in their first collective)."""
-    from hvdk8s import metrics
-
     m = spec.observability.metrics
     if m.enabled:
         problem = metrics.unusable_port(m.port, np)

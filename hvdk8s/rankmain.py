@@ -20,7 +20,9 @@ import runpy
 import sys
 from typing import NoReturn
 
+from hvdk8s import metrics
 from hvdk8s._adapter import die_with_parent  # framework-free: no torch or tensorflow import here
+from hvdk8s.failures import report_uncaught
 
 
 def line_buffered_stdout() -> None:
@@ -52,10 +54,13 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m hvdk8s.rankmain --script PATH | --module NAME [ARGS...]")
     kind, target, args = argv[0], argv[1], argv[2:]
     line_buffered_stdout()
-    from hvdk8s.failures import report_uncaught
     from hvdk8s.runfiles import make_dirs  # after die_with_parent: it imports the job schema
+    from hvdk8s.spec import JOB_ENV, current_job
 
     report_uncaught()  # the script's failure as an event, before Horovod's shutdown tells the other ranks
+    # The script's metrics() (hvdk8s.torch, hvdk8s.tensorflow) follow the job's observability.metrics: this
+    # entry names the job for them, read only if asked for, as the adapters read no job file.
+    metrics.rank_of(lambda: current_job() if os.environ.get(JOB_ENV) else None)
 
     make_dirs()  # the run directory, before the script's hvd.init() opens Horovod's timeline and autotune log
     if kind == "--module":

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Mapping
 
 from hvdk8s.spec import AUTOTUNE_FILE, TENSORBOARD_DIR, TIMELINE_FILE, JobSpec
+from hvdk8s.tensorboard import Scalars
 
 FILES = {"timeline": TIMELINE_FILE, "autotune": AUTOTUNE_FILE, "tensorboard": TENSORBOARD_DIR}  # switch -> name
 
@@ -38,8 +39,6 @@ def sinks(spec: JobSpec) -> list:
     """Where rank 0's events go besides its output (`events.Reporter(sinks=...)`): TensorBoard's scalars."""
     if not spec.observability.tensorboard:
         return []
-    from hvdk8s.tensorboard import Scalars
-
     return [Scalars(spec.run_file(TENSORBOARD_DIR))]
 
 

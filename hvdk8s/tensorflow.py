@@ -47,7 +47,8 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvdk8s import _adapter, compression as _compression, metrics as _metrics, precision as _precision
+from hvdk8s import (_adapter, checkpoint as _checkpoint, compression as _compression, metrics as _metrics,
+                    precision as _precision)
 from hvdk8s._adapter import CONTRACT
 from hvdk8s.schedule import warmup_lr
 
@@ -413,8 +414,6 @@ def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: k
                     extra: Optional[dict] = None, keep: int = 3):
     """Rank 0 writes model, optimizer state and `extra` (a JSON-able dict) for `epoch` atomically; other
     ranks do nothing. Returns the path on rank 0, None elsewhere."""
-    from hvdk8s import checkpoint
-
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict, got {type(extra).__name__} (keep is a keyword argument)")
     if hvd.rank() != 0:
@@ -424,7 +423,7 @@ def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: k
         optimizer.build(model.trainable_variables)
     payload = {"epoch": epoch, "extra": extra or {}, "model": [np.asarray(w) for w in model.get_weights()],
                "optimizer": [np.asarray(v) for v in optimizer.variables]}
-    path = checkpoint.save(directory, epoch, payload, _write_npz, keep)
+    path = _checkpoint.save(directory, epoch, payload, _write_npz, keep)
     _metrics.current().checkpointed()
     return path
 
@@ -436,8 +435,6 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
     (0, {}) when there is none. A file whose arrays do not fit this model's (and optimizer's) variables
     is skipped with a message on stderr. broadcast=False: no collective; root_rank alone reads and
     restores, the others get (0, {}) (elastic training: `ElasticState` syncs)."""
-    from hvdk8s import checkpoint
-
     if optimizer is not None and not optimizer.built:  # its slots must exist to take the saved state
         optimizer.build(model.trainable_variables)
 
@@ -451,7 +448,7 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
 
     found = None
     if hvd.rank() == root_rank:
-        found = checkpoint.load_latest(directory, _read_npz, valid=fits)
+        found = _checkpoint.load_latest(directory, _read_npz, valid=fits)
     epoch, extra = 0, {}
     if found is not None:
         epoch, path, payload = found

@@ -31,7 +31,8 @@ import horovod.torch.elastic  # noqa: F401  (hvd.elastic)
 import torch
 from horovod.common.elastic import ObjectState
 
-from hvdk8s import _adapter, compression as _compression, metrics as _metrics, precision as _precision
+from hvdk8s import (_adapter, checkpoint as _checkpoint, compression as _compression, metrics as _metrics,
+                    precision as _precision)
 from hvdk8s._adapter import CONTRACT
 from hvdk8s import _torch_launch
 from hvdk8s._torch_sharded import STAGES as SHARDING_STAGES, ShardedOptimizer
@@ -317,8 +318,6 @@ def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimize
     """Rank 0 writes model, optimizer and `extra` for `epoch` atomically and keeps the `keep` newest;
     other ranks write nothing (with a sharded optimizer they send rank 0 their part of its state: call
     it on every rank). Returns the path on rank 0, None elsewhere."""
-    from hvdk8s import checkpoint
-
     # A sharded optimizer's state is gathered from every rank (collective), into the unsharded format.
     sharded = optimizer.state_dict() if isinstance(optimizer, ShardedOptimizer) else None
     if hvd.rank() != 0:
@@ -326,7 +325,7 @@ def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimize
         return None
     payload = {"epoch": epoch, "model": model.state_dict(),
                "optimizer": sharded if sharded is not None else optimizer.state_dict(), "extra": extra or {}}
-    path = checkpoint.save(directory, epoch, payload, lambda obj, path: torch.save(obj, path), keep)
+    path = _checkpoint.save(directory, epoch, payload, lambda obj, path: torch.save(obj, path), keep)
     _metrics.current().checkpointed()
     return path
 
@@ -361,11 +360,9 @@ def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Optional[
     load or fit are skipped with a line on stderr. Returns (epoch, extra) with extra["path"] the file
     read; (0, {}) when there is none. Works before or after `distribute`. broadcast=False: no collective;
     root_rank alone reads and restores, the others get (0, {}) (elastic training: `ElasticState` syncs)."""
-    from hvdk8s import checkpoint
-
     found = None
     if hvd.rank() == root_rank:
-        found = checkpoint.load_latest(
+        found = _checkpoint.load_latest(
             directory, lambda p: torch.load(p, map_location="cpu", weights_only=True),
             valid=_restorer(model, optimizer))
     epoch, extra = 0, {}

@@ -84,7 +84,7 @@ class ModelEntry:
 
 def _builders(name: str) -> dict[str, str]:
     return {"pytorch": f"hvdk8s.models.torch_models:build_{name}",
-            "tensorflow": f"hvdk8s.models.tf_models:build_{name}"}
+            "tensorflow": f"hvdk8s.models.tensorflow_models:build_{name}"}
 
 
 REGISTRY: dict[str, ModelEntry] = {

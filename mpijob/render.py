@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from hvdk8s import safeyaml
 from hvdk8s.atomic import atomic_write_all, fsync_dir
 from hvdk8s.errors import UserError
 from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
@@ -320,8 +321,6 @@ def write_directory(spec: JobSpec, directory: str | os.PathLike, files: Mapping[
 
 def _rendered_pod_monitor(path: Path) -> bool:
     """Whether `path` is a PodMonitor that render wrote (a file of the user's of that name stays)."""
-    from hvdk8s import safeyaml
-
     try:
         docs = safeyaml.read(path)
     except (OSError, safeyaml.YAMLInputError):

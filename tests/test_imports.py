@@ -245,6 +245,28 @@ def test_every_module_imports_only_its_floor_and_below():
     assert not problems, "imports that go up a floor:\n  " + "\n  ".join(problems)
 
 
+def reachable(graph: dict[str, dict[str, int]], module: str) -> set[str]:
+    """Every module `module` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in graph.get(todo.pop(), {}):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_adapters_read_no_job_file():
+    """Users' `hvdk8s.torch` and `hvdk8s.tensorflow` take their metrics settings from whoever knows the job
+    (the trainer, `hvdk8s.rankmain`), never from the job file: nothing they import reaches `hvdk8s.spec`."""
+    graph, _ = import_graph(ROOT)
+    assert "hvdk8s.spec" in reachable(graph, "hvdk8s.rankmain")  # the check can see the job file
+    for adapter in ("hvdk8s._adapter", "hvdk8s.torch", "hvdk8s.tensorflow"):
+        found = sorted(m for m in reachable(graph, adapter) if m.split(".")[:2] == ["hvdk8s", "spec"])
+        assert not found, f"{adapter} imports the job file: {found}"
+
+
 def test_an_import_up_a_floor_is_found():
     floors = {"app.ground": (0, "ground"), "app.data": (1, "data"), "app.cli": (2, "cli")}
     graph = {"app.ground": {}, "app.data": {"app.ground": 1}, "app.cli": {"app.data": 3}, "app.data.x": {"app.cli": 7},

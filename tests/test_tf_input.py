@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from hvdk8s.data import tensorflow as tfdata
 from hvdk8s.data.datasets import ArrayDataset, IndexSubset, MapDataset
-from hvdk8s.data.sharding import plan_epoch, step_counts
+from hvdk8s.data.rankplans import plan_epoch, step_counts
 
 
 def arrays(n: int) -> ArrayDataset:

@@ -236,3 +236,29 @@ def test_job_outside_a_launch_says_how_to_start_it(tmp_path):
     run = subprocess.run([sys.executable, "-c", "import hvdk8s; hvdk8s.job()"], capture_output=True, text=True,
                          env=env, timeout=60)
     assert run.returncode != 0 and "HVDK8S_JOB" in run.stderr and "hvdk8s launch" in run.stderr
+
+
+def test_a_jobs_own_script_serves_the_metrics_its_job_turns_on(tmp_path):
+    """The adapters read no job file: the rank's entry (hvdk8s.rankmain) names the job, and a script's
+    metrics() without a port serve on the job's port, as `hvdk8s launch` runs it; without a job, none."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "own.py").write_text("from hvdk8s import _adapter\n"
+                                     "m = _adapter.metrics(0, 0, 1, None)\n"
+                                     "print('SERVED', m.enabled and m.server.server_port)\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "own-metrics", "framework": "pytorch", "entrypoint": {"script": "own.py"},
+                                   "observability": {"metrics": {"enabled": True, "port": port}},
+                                   "training": {"epochs": 1, "batch_size": 8, "learning_rate": 0.1}}))
+    env = {k: v for k, v in os.environ.items() if k != "HVDK8S_JOB"}
+    env["HVDK8S_METRICS_ADDRESS"] = "127.0.0.1"
+    for job_env, served in (({"HVDK8S_JOB": str(job)}, str(port)), ({}, "False")):
+        run = subprocess.run([sys.executable, "-m", "hvdk8s.rankmain", "--script", str(tmp_path / "own.py")],
+                             capture_output=True, text=True, env={**env, **job_env}, timeout=60)
+        assert run.returncode == 0 and f"SERVED {served}\n" in run.stdout, run.stdout + run.stderr

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from hvdk8s import suggest
 from hvdk8s.errors import UserError
 
 TIMEOUT = (10, 60)  # seconds to connect, and to read one answer (streams set their own)
@@ -84,8 +85,6 @@ def connect(context: Optional[str] = None, kubeconfig: Optional[str] = None) -> 
         contexts, current = config.list_kube_config_contexts(config_file=path)
         names = [c.get("name") for c in contexts]
         if context and context not in names:
-            from hvdk8s import suggest
-
             raise ClusterError(f"no context {context!r} in {path}; "
                                + suggest.hint(context, map(str, names), "pick one of"))
         if not context and not current:

@@ -22,12 +22,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from hvdk8s.entrypoint import carried_files
 from hvdk8s.errors import UserError
+from hvdk8s.launch import logview
 from hvdk8s.launch.base import Condition, JobStatus, WaitTimeout, phase_of
-from hvdk8s.launch.kubeclient import TIMEOUT, ClusterError, Connection, connect, explain, translated
+from hvdk8s.launch.kubeclient import TIMEOUT, ClusterError, Connection, connect, explain, status_body, translated
+from hvdk8s.mpijob import podsecurity, validate as mv
 from hvdk8s.mpijob.api import CRD_NAME, GROUP, KIND, PLURAL, VERSION
 from hvdk8s.mpijob.monitoring import POD_MONITOR_API, POD_MONITOR_KIND, POD_MONITOR_PLURAL
 from hvdk8s.mpijob.operator import OPERATOR_LABELS
+from hvdk8s.mpijob.render import render
 
 INSTALL_OPERATOR = ("install mpi-operator (kubectl apply --server-side -f https://raw.githubusercontent.com/"
                     "kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml)")
@@ -45,9 +49,6 @@ WATCH_WINDOW_S = 300  # one watch request's length; the wait goes on across wind
 def manifests(spec, job_dir: Optional[Path], source: str) -> list[dict[str, Any]]:
     """What `submit` sends, in order: the MPIJob, then the ConfigMap and (with a PodMonitor) the
     PodMonitor, which get an ownerReference to the MPIJob once the server has given it a uid."""
-    from hvdk8s.entrypoint import carried_files
-    from hvdk8s.mpijob.render import render
-
     configmap, job, *monitors = render(spec, carried_files(spec, job_dir, source))
     return [job, configmap, *monitors]
 
@@ -138,8 +139,6 @@ class KubernetesLauncher:
         create the MPIJob, then fail to create its pods, with nothing but an Event to say why)."""
         from kubernetes.client.exceptions import ApiException
 
-        from hvdk8s.mpijob import podsecurity
-
         if not podsecurity.requirements(spec):
             return  # restricted pods: every level admits them
         try:
@@ -164,9 +163,7 @@ class KubernetesLauncher:
 
     def served_schema(self) -> Optional[dict]:
         """The v2beta1 schema of the MPIJob CRD the cluster serves; None where we may not read CRDs."""
-        from hvdk8s.mpijob.validate import served_crd_schema
-
-        return served_crd_schema(self.conn.api, VERSION, timeout=TIMEOUT)
+        return mv.served_crd_schema(self.conn.api, VERSION, timeout=TIMEOUT)
 
     def require_schema(self) -> dict:
         """The served CRD's schema (`hvdk8s validate --crd-from-cluster`), or a one-line refusal."""
@@ -179,8 +176,6 @@ class KubernetesLauncher:
 
     def check(self, job: dict[str, Any], source: str) -> Optional[str]:
         """Refuse the MPIJob unless it fits the served CRD; returns a note when hvdk8s's own rules stood in."""
-        from hvdk8s.mpijob import validate as mv
-
         schema = self.served_schema()
         problems = mv.validate_mpijob(job, schema=schema, pod_schema=mv.pod_schema_available())
         if problems:
@@ -397,12 +392,10 @@ class KubernetesLauncher:
     def first_failure(self, name: str):
         """The rank that failed first (`hvdk8s.failures.Failure`) as the log of the job's newest launcher run
         says it; None when it names none or cannot be read (no launcher ever started, or its pod is gone)."""
-        from hvdk8s.launch.logview import first_failure
-
         try:
             with self._errors():
                 pod = self._launcher_pod(name)
-                return None if pod is None else first_failure(self._pod_log(pod, follow=False))
+                return None if pod is None else logview.first_failure(self._pod_log(pod, follow=False))
         except ClusterError:
             return None
 
@@ -541,8 +534,6 @@ def _is_client_error(e: BaseException) -> bool:
 
 
 def _details_kind(e) -> Optional[str]:
-    from hvdk8s.launch.kubeclient import status_body
-
     return (status_body(e).get("details") or {}).get("kind")
 
 

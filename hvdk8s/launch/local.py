@@ -32,12 +32,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdk8s import events, failures, logformat, metrics, tuning
+from hvdk8s.entrypoint import local_argv
 from hvdk8s.errors import UserError
 from hvdk8s.faults import stall_env
 from hvdk8s.launch import procs
+from hvdk8s.launch.base import FAILED, RUNNING, SUCCEEDED, JobStatus, WaitTimeout
 from hvdk8s.launch.progress import ProgressView
+from hvdk8s.preflight import check_checkpoint_dir, check_metrics_ports
 from hvdk8s.runfiles import horovod_env
-from hvdk8s.spec import JOB_ENV
+from hvdk8s.spec import JOB_ENV, dump_job, with_backend_defaults
 
 CONTROLLERS = ("mpi", "gloo")
 DEFAULT_CONTROLLER = "mpi"
@@ -126,8 +129,6 @@ def check_discovery_script(path: Path) -> Optional[str]:
 def rank_program(spec, job_file: Path, job_dir: Path, source: str, resume: bool = True) -> list[str]:
     """argv of one rank: `hvdk8s train` over the written job, or the job's own entrypoint."""
     if spec.entrypoint is not None:
-        from hvdk8s.entrypoint import local_argv
-
         return local_argv(spec, job_dir, source)
     return [sys.executable, "-m", "hvdk8s", "train", str(job_file), *([] if resume else ["--no-resume"])]
 
@@ -171,6 +172,7 @@ def prepare_dataset(spec):
     dataset = spec.cached_dataset
     if dataset is None:
         return None
+    # Here: a launch without a cached dataset need not load the cache (rich) and numpy, ~0.1 s.
     from hvdk8s.data import cache
     from hvdk8s.data.datasets import cache_root, storage_options
 
@@ -182,8 +184,7 @@ def preflight(spec, np: int, source: str) -> None:
     """What would fail the ranks after they started, checked before any starts (UserError naming the field):
     -np within an elastic job's bounds (before a dataset sync, not after it), a writable checkpoint
     directory, free metrics ports; then a cached dataset synced here."""
-    from hvdk8s.data.cache import CacheError
-    from hvdk8s.preflight import check_checkpoint_dir, check_metrics_ports
+    from hvdk8s.data.cache import CacheError  # the cache loads rich: only where a dataset is synced
 
     check_np(spec, np)
     check_checkpoint_dir(spec, source)
@@ -200,8 +201,6 @@ def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CON
     """Start the ranks on the validated `spec` (from the job file `source` in `job_dir`), draw rank 0's
     progress (or log it, with log_format "json"), and return their exit status and, if they failed, the
     rank that failed first."""
-    from hvdk8s.launch.base import FAILED, SUCCEEDED
-
     view = view_for(log_format, spec.name, console)
     launcher = LocalLauncher(np, controller, resume, discovery_script)
     launcher.submit(spec, job_dir, source)
@@ -241,8 +240,6 @@ class LocalLauncher:
 
     def submit(self, spec, job_dir: Path, source: str) -> str:
         """The preflight, then the ranks started; returns the job's name."""
-        from hvdk8s.spec import dump_job, with_backend_defaults
-
         if self.proc is not None:
             raise LaunchError(f"this launcher already runs job {self.name}")
         preflight(spec, self.np, source)
@@ -272,8 +269,6 @@ class LocalLauncher:
         return self.proc
 
     def status(self, name: str):
-        from hvdk8s.launch.base import FAILED, RUNNING, SUCCEEDED, JobStatus
-
         code = self._job(name).poll()
         return JobStatus(name=name, phase=RUNNING if code is None else SUCCEEDED if code == 0 else FAILED,
                          exit_code=code)
@@ -284,8 +279,6 @@ class LocalLauncher:
             yield line.rstrip("\n")
 
     def wait(self, name: str, timeout: Optional[float] = None, on_change=None):
-        from hvdk8s.launch.base import WaitTimeout
-
         try:
             self._job(name).wait(timeout)
         except subprocess.TimeoutExpired:

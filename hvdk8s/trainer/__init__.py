@@ -8,23 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvdk8s.data.datasets import holding, last_sync
+from hvdk8s.factories import dataset_splits
+from hvdk8s.runfiles import make_dirs
 from hvdk8s.spec import JobSpec
+
+from .elastic import run_elastic_epochs
+from .job import run_epochs
 
 
 def run(spec: JobSpec, *, resume: bool = True) -> dict[str, Any]:
     """Train `spec` as one rank; returns the summary (test_accuracy, epochs, seconds, digest)."""
-    from hvdk8s.data.datasets import holding, last_sync
-    from hvdk8s.factories import dataset_splits
-    from hvdk8s.runfiles import make_dirs
-
-    from .elastic import run_elastic_epochs
-    from .job import run_epochs
-
     if spec.entrypoint is not None:
         raise ValueError("this job runs its own entrypoint, not hvdk8s's trainer")
     with holding(spec.dataset):  # a cached dataset is not evicted while it trains
         splits = dataset_splits(spec.dataset)
-        if spec.framework == "pytorch":
+        if spec.framework == "pytorch":  # one framework per rank: the other is never imported
             from .torch import TorchSteps as Steps
         else:
             from .tensorflow import KerasSteps as Steps

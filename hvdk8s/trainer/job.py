@@ -15,6 +15,8 @@ import numpy as np
 from hvdk8s.checkpoint import check_writable
 from hvdk8s.errors import UserError
 from hvdk8s.events import Reporter
+from hvdk8s.factories import build_model as from_factory
+from hvdk8s.models import registry
 from hvdk8s.runfiles import sinks, written
 from hvdk8s.schedule import lr_scale, warmup_lr
 from hvdk8s.spec import JobSpec
@@ -193,9 +195,5 @@ def run_epochs(spec: JobSpec, steps: Steps, lr: LRSchedule, *, resume: bool = Tr
 def build_model(spec: JobSpec, info: dict[str, Any]):
     """The job's model for its framework: a registered one, or the user's factory's (checked)."""
     if spec.model.factory is not None:
-        from hvdk8s.factories import build_model as from_factory
-
         return from_factory(spec.model, spec.framework, info)
-    from hvdk8s.models import registry
-
     return registry.get(spec.model.name).build(spec.framework, spec.model.args, **info)

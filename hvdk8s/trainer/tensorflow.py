@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 import hvdk8s.tensorflow as htf
-from hvdk8s.data.sharding import part_bounds, step_counts, unread_after
+from hvdk8s.data.rankplans import part_bounds, step_counts, unread_after
 from hvdk8s.data.tensorflow import sharded_dataset
 from hvdk8s.spec import JobSpec
 
@@ -106,7 +106,7 @@ class KerasSteps:
 
     def _rank_samples(self, batch: int) -> int:
         """Samples in this rank's `batch` of the current pass (its contiguous part of the pass's order,
-        cut into batches; see hvdk8s.data.sharding)."""
+        cut into batches; see hvdk8s.data.rankplans)."""
         start, stop = part_bounds(int(self.epoch_counts.sum()), self.rank, self.size)
         return max(0, min(self.training.batch_size, stop - start - batch * self.training.batch_size))
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import hvdk8s.torch as ht
 from hvdk8s.data.datasets import ArrayDataset, IndexSubset
-from hvdk8s.data.sharding import unread_after
+from hvdk8s.data.rankplans import unread_after
 from hvdk8s.data.shards import ShardedDataset
 from hvdk8s.data.torch import ShardedLoader
 from hvdk8s.spec import JobSpec

@@ -4,7 +4,7 @@ import pytest
 
 from hvdk8s.data.datasets import ArrayDataset, digits, open_splits, synthetic_tokens, train_test_split
 from hvdk8s.data.catalog import SyntheticTokensArgs
-from hvdk8s.data.sharding import part_bounds, plan_epoch
+from hvdk8s.data.rankplans import part_bounds, plan_epoch
 from hvdk8s.data.shards import ShardedDataset, ShardFormatError, write_shards
 from hvdk8s.spec import DatasetSpec
 
