@@ -14,6 +14,14 @@ from hvdk8s.models import registry
 from hvdk8s.spec.values import CONFIGMAP_KEY, INT32_MAX, DataKey, ObjectName
 from hvdk8s.strict import StrictModel
 
+
+def _known_name(v: Optional[str], choices, kind: str, plural: str, otherwise: str) -> Optional[str]:
+    """A model's or dataset's name if it is one of `choices`, else the nearest ones and the alternative."""
+    if v is not None and v not in choices:
+        raise ValueError(f"unknown {kind} {v!r}; {suggest.hint(v, choices, plural)} (or give {otherwise})")
+    return v
+
+
 Precision = Literal[precision.CHOICES]
 Compression = Literal[compression.CHOICES]
 
@@ -42,10 +50,7 @@ class ModelSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _known(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and v not in registry.REGISTRY:
-            raise ValueError(f"unknown model {v!r}; {suggest.hint(v, sorted(registry.REGISTRY), 'registered models')} "
-                             "(or give `factory` for your own)")
-        return v
+        return _known_name(v, sorted(registry.REGISTRY), "model", "registered models", "`factory` for your own")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
@@ -130,10 +135,8 @@ class DatasetSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _known(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and v not in catalog.BUILTIN:
-            raise ValueError(f"unknown dataset {v!r}; {suggest.hint(v, catalog.BUILTIN, 'built-in datasets')} "
-                             "(or give `path` to a dataset in the shard format)")
-        return v
+        return _known_name(v, catalog.BUILTIN, "dataset", "built-in datasets",
+                           "`path` to a dataset in the shard format")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
