@@ -359,3 +359,13 @@ def test_the_readme_links_every_doc_and_stays_a_guide():
     linked = {(README.parent / p.partition("#")[0]).resolve() for p in links(README)}
     assert set(DOCS) <= linked, f"docs not linked from the README: {set(DOCS) - linked}"
     assert len(README.read_text().splitlines()) <= 400, "the README is a user's guide: details go to docs/"
+
+
+def test_no_file_keeps_a_merge_conflicts_markers():
+    """A merge left unresolved in a doc or a source file (a doc once kept one through a merge commit)."""
+    marker = re.compile(r"^(<{7} |={7}$|>{7} )", re.M)
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    kept = [path for path in tracked.splitlines()
+            if path.endswith((".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".cfg"))
+            and (ROOT / path).is_file() and marker.search((ROOT / path).read_text(errors="replace"))]
+    assert not kept, kept
