@@ -12,7 +12,7 @@ import yaml
 
 from conftest import RANK_SCRIPTS, ROOT
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.after_the_node]  # a third rank stream (tests/workgroups.py)
 
 # A model of the user's that the built-in trainer trains: its forward pass fails on rank 1 only.
 FAULTY_MODEL = """\

@@ -10,6 +10,8 @@ import torch
 
 from conftest import DIGITS_JOB, cli, rank_results, run_ranks
 
+pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (tests/workgroups.py)
+
 
 @pytest.mark.parametrize("sets, says", [
     (["training.shard_optimizer_state=3"], "training.shard_optimizer_state: Input should be 0, 1 or 2"),

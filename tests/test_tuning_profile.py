@@ -17,6 +17,8 @@ from hvdk8s.spec import load_job
 
 from conftest import RANK_SCRIPTS, ROOT, cli, invoke, rank_results, run_ranks, sleepy_negotiation_library
 
+pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (tests/workgroups.py)
+
 GOLDEN = ROOT / "tests" / "golden"
 GPU_CASES = ("gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "nfs-cached", "s3-cached", "single-node")
 # Everything the shared-cpu profile may set; HVDK8S_TUNING names the profile and is always there.

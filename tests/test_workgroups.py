@@ -59,6 +59,16 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
     """)
     assert workgroups.work_unit(f"{node}::test_a_pod", tmp_path) == "node"
     assert workgroups.work_unit(f"{node}::test_a_job", tmp_path) == "node"
+    # A file marked after_the_node: its rank tests follow the node's on that worker (TensorFlow's keep theirs).
+    after = _write(tmp_path, "test_after.py", """\
+        import pytest
+        pytestmark = [pytest.mark.ranks, pytest.mark.after_the_node]
+
+        @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+        def test_a_launch(framework): ...
+    """)
+    assert workgroups.work_unit(f"{after}::test_a_launch[pytorch]", tmp_path) == "node"
+    assert workgroups.work_unit(f"{after}::test_a_launch[tensorflow]", tmp_path) == "ranks-tensorflow"
 
 
 def test_a_file_it_cannot_read_leaves_each_test_on_its_own(tmp_path):

@@ -9,7 +9,11 @@
   server (work unit "cluster").
 - Tests marked `real_node` (tests/test_cluster_node.py: a cluster and a real node of their own) share one
   worker (work unit "node"), beside the rank tests: their ranks run in pods whose CPU limits add up to the
-  machine's cores, and much of their time is spent waiting for pods, probes and the operator.
+  machine's cores, and much of their time is spent waiting for pods, probes and the operator. That worker
+  is free long before the rank streams end, so the files marked `after_the_node` (their module's
+  pytestmark) run their non-TensorFlow rank tests on it too, after the node's (files sort after
+  test_cluster_node.py, and its cluster stops when its module ends): a third rank stream, which shortens
+  the longest (`ranks`) by what it takes over.
 - Every other test goes to whichever worker is free.
 
 xdist's scheduler sees test ids only, not marks (its own `xdist_group` mark has no effect under pytest 9,
@@ -31,11 +35,13 @@ STREAMS = ("node", "ranks", "ranks-tensorflow", "cluster")  # the work units of 
 
 @functools.lru_cache(maxsize=None)
 def _units(path: Path) -> dict[str, Optional[str]]:
-    """Each test function of a file and its work unit: 'node', 'ranks', 'cluster', or None (a unit of its own)."""
+    """Each test function of a file and its work unit: 'node', 'ranks', 'ranks-after-the-node', 'cluster', or
+    None (a unit of its own)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     module_marks = " ".join(ast.unparse(node.value) for node in tree.body if isinstance(node, ast.Assign)
                             and any(getattr(t, "id", None) == "pytestmark" for t in node.targets))
     whole = "mark.ranks" in module_marks
+    ranks = "ranks-after-the-node" if "mark.after_the_node" in module_marks else "ranks"
     units: dict[str, Optional[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
@@ -45,7 +51,7 @@ def _units(path: Path) -> dict[str, Optional[str]]:
             elif "one_rank" in marks:
                 units[node.name] = None
             elif whole or "ranks" in marks:
-                units[node.name] = "ranks"
+                units[node.name] = ranks
             elif CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
                 units[node.name] = "cluster"
     return units
@@ -63,8 +69,10 @@ def work_unit(nodeid: str, rootdir: Path) -> str:
         unit = _units(rootdir / path).get(rest.split("[", 1)[0])
     except (OSError, SyntaxError):
         unit = None
-    if unit == "ranks" and _TENSORFLOW.search(nodeid):
+    if unit in ("ranks", "ranks-after-the-node") and _TENSORFLOW.search(nodeid):
         return "ranks-tensorflow"
+    if unit == "ranks-after-the-node":
+        return "node"
     return unit or nodeid
 
 
@@ -77,8 +85,9 @@ def check(items, rootdir: Path) -> None:
         if item.get_closest_marker("real_node") and unit != "node":
             raise pytest.UsageError(f"{item.nodeid} is marked `real_node` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
+        after_the_node = unit == "node" and item.get_closest_marker("after_the_node")
         if item.get_closest_marker("ranks") and not item.get_closest_marker("one_rank") and \
-                unit not in ("ranks", "ranks-tensorflow"):
+                unit not in ("ranks", "ranks-tensorflow") and not after_the_node:
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
         if "cluster" in item.fixturenames and unit not in ("node", "ranks", "ranks-tensorflow", "cluster"):
