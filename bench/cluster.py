@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from hvdk8s.bench.allreduce import size_label
 from hvdk8s.bench.cluster_rank import MARK
 from hvdk8s.bench.core import Comparison, Row
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 from hvdk8s.mpijob import render as renderer
 from hvdk8s.spec import JobFileError, JobSpec, dump_job, parse_job
 

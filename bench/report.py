@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvdk8s.atomic import atomic_path, atomic_write
 from hvdk8s.bench.core import Comparison
+from hvdk8s.core.atomic import atomic_path, atomic_write
 
 
 def _fmt(value: float) -> str:

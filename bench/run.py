@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from hvdk8s import suggest
-from hvdk8s.errors import UserError
+from hvdk8s.core import suggest
+from hvdk8s.core.errors import UserError
 
 # name: (where its run(quick) lives, what it measures). Order: the report's.
 BENCHMARKS = {
@@ -37,7 +37,7 @@ def chosen(only: Sequence[str]) -> list[str]:
 
 
 def prepare_output(output: str) -> Path:
-    from hvdk8s.atomic import unwritable_reason  # here: `hvdk8s --help` imports this module
+    from hvdk8s.core.atomic import unwritable_reason  # here: `hvdk8s --help` imports this module
 
     reason = unwritable_reason(output)
     if reason is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from hvdk8s.strict import StrictModel
+from hvdk8s.core.strict import StrictModel
 
 
 class _Args(StrictModel):

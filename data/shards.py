@@ -19,9 +19,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hvdk8s.atomic import atomic_write
-from hvdk8s.digest import sha256_file
-from hvdk8s.errors import UserError
+from hvdk8s.core.atomic import atomic_write
+from hvdk8s.core.digest import sha256_file
+from hvdk8s.core.errors import UserError
 
 from .rankplans import epoch_rng
 

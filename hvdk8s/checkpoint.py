@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hvdk8s.atomic import atomic_path, is_part, unwritable_reason
+from hvdk8s.core.atomic import atomic_path, is_part, unwritable_reason
 
 _NAME = re.compile(r"^epoch-(\d{5,})\.ckpt$")
 

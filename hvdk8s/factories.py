@@ -15,8 +15,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from hvdk8s.core.errors import UserError
 from hvdk8s.data import datasets
-from hvdk8s.errors import UserError
 
 # What a model factory may take from the dataset to size itself (passed only if it accepts them).
 DATASET_INFO_KEYS = ("input_shape", "num_classes", "vocab_size", "seq_len")

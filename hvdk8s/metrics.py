@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 PREFIX = "hvdk8s_"
 LABELS = ("hvdk8s_job", "rank")

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import yaml
 
-from hvdk8s import safeyaml
+from hvdk8s.core import safeyaml
 
 _INDEX = re.compile(r"^(?P<name>[^\[\]]*)\[(?P<index>[^\]]*)\]")
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 # event kind -> {event field: tag}
 TAGS: dict[str, dict[str, str]] = {

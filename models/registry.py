@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from hvdk8s.strict import StrictModel
+from hvdk8s.core.strict import StrictModel
 
 
 class _Args(StrictModel):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from hvdk8s.core import layout
 from hvdk8s.spec import S3_SECRET_KEYS, S3_SECRET_OPTIONAL_KEYS, JobSpec
 
-from . import layout, security, volumes
+from . import security, volumes
 
 VOLUME = layout.CACHE_VOLUME
 

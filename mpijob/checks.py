@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hvdk8s.errors import UserError
+from hvdk8s.core import layout
+from hvdk8s.core.errors import UserError
 from hvdk8s.spec import JobFileError, JobSpec
 
-from . import layout, podsecurity, volumes
+from . import podsecurity, volumes
 from .environment import FROM_IMAGE, hvdk8s_env
 from .topology import plan
 

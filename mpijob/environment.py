@@ -4,11 +4,12 @@ launcher and forwarded (-x), along with the image's PATH, and a GPU job's LD_LIB
 from __future__ import annotations
 
 from hvdk8s import runfiles, tuning
+from hvdk8s.core import layout
+from hvdk8s.core.quantity import parse_quantity
 from hvdk8s.faults import stall_env
-from hvdk8s.quantity import parse_quantity
 from hvdk8s.spec import JOB_ENV, JobSpec
 
-from . import layout, network
+from . import network
 from .topology import Topology
 
 JOB_FILE = f"{layout.JOB_DIR}/job.yaml"

@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import layout
+from hvdk8s.core import layout
+
 from .api import LAUNCHER, WORKER
 
 SSH_AUTH_MOUNT_DEFAULT = "/root/.ssh"  # SetDefaults_MPIJob's sshAuthMountPath

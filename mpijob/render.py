@@ -18,13 +18,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from hvdk8s import safeyaml
-from hvdk8s.atomic import atomic_write_all, fsync_dir
-from hvdk8s.errors import UserError
+from hvdk8s.core import layout, safeyaml
+from hvdk8s.core.atomic import atomic_write_all, fsync_dir
+from hvdk8s.core.errors import UserError
 from hvdk8s.entrypoint import PYTHON_IN_IMAGE, cluster_argv
 from hvdk8s.spec import JobSpec, dump_job, with_backend_defaults
 
-from . import cache, checks, layout, monitoring, network, podsecurity, scheduling, security, volumes
+from . import cache, checks, monitoring, network, podsecurity, scheduling, security, volumes
 from .api import API_VERSION, KIND, LAUNCHER, WORKER
 from .environment import JOB_FILE, forwarded, rank_env  # noqa: F401  (rank_env: part of this module's API)
 from .topology import Topology, plan

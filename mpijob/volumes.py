@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any, Optional
 
-from . import layout
+from hvdk8s.core import layout
 
 
 def pod_volume(volume) -> dict[str, Any]:

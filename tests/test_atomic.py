@@ -1,4 +1,4 @@
-"""Atomic file writes (hvdk8s.atomic) and the writers that use them: whole files or none, readable modes,
+"""Atomic file writes (hvdk8s.core.atomic) and the writers that use them: whole files or none, readable modes,
 no temporary files left behind, temporary names the cache recognises as leftovers."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DIGITS_JOB
 from hvdk8s import checkpoint
-from hvdk8s.atomic import atomic_path, atomic_write, is_part, part_path
+from hvdk8s.core.atomic import atomic_path, atomic_write, is_part, part_path
 from hvdk8s.data import shards
 from hvdk8s.data.cache import diskio
 from hvdk8s.mpijob import render as renderer

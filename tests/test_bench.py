@@ -124,7 +124,7 @@ def test_any_log_becomes_a_report_or_a_message_naming_the_file(tmp_path_factory)
     from hypothesis import HealthCheck, given, settings, strategies as st
 
     from hvdk8s.bench import cluster, report
-    from hvdk8s.errors import UserError
+    from hvdk8s.core.errors import UserError
 
     scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
     values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)

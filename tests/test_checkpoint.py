@@ -66,7 +66,7 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
 
 
 def test_temporary_files_of_a_killed_writer_are_removed_by_the_next_save(tmp_path):
-    from hvdk8s.atomic import part_path
+    from hvdk8s.core.atomic import part_path
 
     leftover = part_path(checkpoint.path_for(tmp_path, 3))
     leftover.write_bytes(b"x" * 1000)  # what kill -9 during a write leaves

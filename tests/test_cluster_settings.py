@@ -74,7 +74,7 @@ def test_shm_size_larger_than_memory_is_refused_naming_both_fields(job_file):
         spec = load_job(path, [f"resources.memory={memory}"])
         volume = next(v for v in worker_pod(renderer.mpijob(spec))["volumes"] if v["name"] == "dshm")
         assert spec.resources.shm_size == volume["emptyDir"]["sizeLimit"], (memory, spec.resources.shm_size)
-        from hvdk8s.quantity import parse_quantity
+        from hvdk8s.core.quantity import parse_quantity
         assert parse_quantity(spec.resources.shm_size) == parse_quantity(shm), (memory, spec.resources.shm_size)
 
 

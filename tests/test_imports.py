@@ -190,13 +190,15 @@ def test_the_graph_reading_itself(tmp_path):
 # The floors (issue 27): a module imports only modules on its own floor or below, so each floor can be read,
 # tested and replaced without the ones above it. Longest prefix wins; every module must be on a floor.
 FLOORS: dict[str, tuple[int, str]] = {
-    # 0 ground: the pieces everything uses, importing nothing of the project above them (errors, the one
-    # atomic write, the one quantity parser, the lists of choices the job file and the adapters share, the
-    # MPIJob API's identity, the generic OpenAPI schema engine and the ObjectMeta rules it applies).
+    # 0 ground: the pieces everything uses, importing nothing of the project above them. `hvdk8s.core` is the
+    # ground floor's own folder (errors, strict, atomic, quantity, k8snames, safeyaml, digest, suggest, the
+    # pods' layout), which imports nothing of the project outside itself (test below); the rest of the floor:
+    # the lists of choices the job file and the adapters share, the MPIJob API's identity, the generic
+    # OpenAPI schema engine and the ObjectMeta rules it applies.
+    "hvdk8s.core": (0, "ground"),
     **{f"hvdk8s.{m}": (0, "ground") for m in (
-        "_version", "errors", "strict", "atomic", "quantity", "k8snames", "safeyaml", "digest", "events",
-        "logformat", "suggest", "schedule", "compression", "precision", "tuning", "faults", "_torch_wait",
-        "mpijob.api", "mpijob.layout", "mpijob.topology", "mpijob.problems", "mpijob.podsecurity",
+        "_version", "events", "logformat", "schedule", "compression", "precision", "tuning", "faults",
+        "_torch_wait", "mpijob.api", "mpijob.topology", "mpijob.problems", "mpijob.podsecurity",
         "mpijob.security", "mpijob.validate.schema", "mpijob.validate.objectmeta",
         "launch.procs", "launch.workers", "launch.memlock")},
     # 1 data and models: datasets, loaders, the node-local cache, the model registry.
@@ -243,6 +245,32 @@ def test_every_module_imports_only_its_floor_and_below():
     graph, _ = import_graph(ROOT)
     problems = floor_violations(graph, FLOORS)
     assert not problems, "imports that go up a floor:\n  " + "\n  ".join(problems)
+
+
+def outside_imports(graph: dict[str, dict[str, int]], package: str) -> list[str]:
+    """Each import by a module of `package` (the package itself included) of a project module outside it."""
+    def inside(module: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return [f"{module} imports {target} at line {line}" for module in sorted(graph) if inside(module)
+            for target, line in sorted(graph[module].items()) if not inside(target)]
+
+
+def test_the_ground_floor_imports_nothing_of_the_project_outside_it():
+    """`hvdk8s/core/` can be read, tested and reused alone: its modules import, of the project, only
+    each other (its own `__init__` included). Standard library and third-party imports are not edges."""
+    graph, _ = import_graph(ROOT)
+    core = sorted(m for m in graph if m == "hvdk8s.core" or m.startswith("hvdk8s.core."))
+    assert {"hvdk8s.core", "hvdk8s.core.errors", "hvdk8s.core.layout", "hvdk8s.core.atomic"} <= set(core)
+    problems = outside_imports(graph, "hvdk8s.core")
+    assert not problems, "the ground floor (hvdk8s/core/) imports the project outside it:\n  " + \
+        "\n  ".join(problems)
+
+
+def test_an_import_out_of_a_package_is_found():
+    graph = {"app.core": {}, "app.core.a": {"app.core.b": 1, "app.core": 2}, "app.core.b": {"app.spec": 4},
+             "app.spec": {"app.core.a": 1}, "app.corex": {"app.spec": 1}}
+    assert outside_imports(graph, "app.core") == ["app.core.b imports app.spec at line 4"]
 
 
 def reachable(graph: dict[str, dict[str, int]], module: str) -> set[str]:

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import DIGITS_JOB, cli, cpu_bounded
+from hvdk8s.core.quantity import MAX_LENGTH, cpu_cores, parse_bytes, parse_quantity
 from hvdk8s.data.cache.sizes import parse_size
 from hvdk8s.mpijob import render as renderer
-from hvdk8s.quantity import MAX_LENGTH, cpu_cores, parse_bytes, parse_quantity
 from hvdk8s.spec import JobFileError, load_job
 
 SLOTS = 2  # examples/digits.yaml: ranks_per_worker

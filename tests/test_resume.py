@@ -72,7 +72,7 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
     import sys
     import time
 
-    from hvdk8s.atomic import is_part
+    from hvdk8s.core.atomic import is_part
     from hvdk8s.launch import procs
 
     ckpt = tmp_path / "ckpt"

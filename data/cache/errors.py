@@ -1,7 +1,7 @@
 """The one exception the cache raises for anything a user can act on, and how its messages show names."""
 from __future__ import annotations
 
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 
 class CacheError(UserError):

@@ -1,7 +1,7 @@
 """Byte sizes as people write them (Kubernetes quantities: `50Gi`, `500M`) and as `ls` shows them."""
 from __future__ import annotations
 
-from hvdk8s.quantity import parse_bytes
+from hvdk8s.core.quantity import parse_bytes
 
 # The CLI's --quota parser: whole bytes in Kubernetes quantity syntax, the same as `cache_quota` in a job.
 parse_size = parse_bytes

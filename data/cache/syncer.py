@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdk8s.digest import sha256_file
+from hvdk8s.core.digest import sha256_file
 
 from . import locks, store
 from .diskio import fsync_dir

@@ -11,7 +11,7 @@ from hvdk8s.cli.group import verb
 from hvdk8s.cli.jobs import load
 from hvdk8s.cli.options import chosen_output_dir, output_dir_option, set_option
 from hvdk8s.cli.report import err
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 
 @verb()

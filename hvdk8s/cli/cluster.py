@@ -18,7 +18,7 @@ from hvdk8s.cli.cluster_output import connect, emit, first_failure, replicas, sa
 from hvdk8s.cli.group import verb
 from hvdk8s.cli.options import duration, log_format_option, output_option, target_options
 from hvdk8s.cli.report import err
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 from hvdk8s.mpijob.api import WORKER
 
 

@@ -10,7 +10,7 @@ import click
 from hvdk8s import logformat
 from hvdk8s.cli import report
 from hvdk8s.cli.cluster_output import emit, first_failure, say_failure, say_phase
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 
 def resolve_namespace(spec, flag: Optional[str], context: Optional[str], kubeconfig: Optional[str],

@@ -11,7 +11,7 @@ from hvdk8s.cli import report
 from hvdk8s.cli.group import Verbs
 from hvdk8s.cli.jobs import load
 from hvdk8s.cli.options import duration, set_option
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 
 @click.group(cls=Verbs)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from hvdk8s.cli import report
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 
 class Verb(click.Command):

@@ -12,7 +12,8 @@ from hvdk8s.cli import report
 from hvdk8s.cli.group import verb
 from hvdk8s.cli.jobs import check_code, load
 from hvdk8s.cli.options import chosen_output_dir, output_dir_option, set_option
-from hvdk8s.errors import UserError
+from hvdk8s.core import safeyaml
+from hvdk8s.core.errors import UserError
 from hvdk8s.spec import JobSpec, read_job_file
 
 
@@ -77,7 +78,6 @@ def _check_for_cluster(spec: JobSpec, job: str) -> None:
 
 def _mpijob_documents(raw: bytes) -> list | None:
     """The documents of `raw` if any of them is an MPIJob (else None: treat it as a job file)."""
-    from hvdk8s import safeyaml
     from hvdk8s.mpijob.api import KIND
     from hvdk8s.mpijob.validate import MAX_YAML_BYTES
 

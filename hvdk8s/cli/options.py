@@ -8,7 +8,8 @@ import click
 
 from hvdk8s import logformat
 from hvdk8s.cli import report
-from hvdk8s.errors import UserError
+from hvdk8s.core import suggest
+from hvdk8s.core.errors import UserError
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
                           help="Override a job-file field, e.g. --set training.epochs=3 (repeatable).")
@@ -65,8 +66,6 @@ class Choice(click.Choice):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            from hvdk8s import suggest
-
             meant = suggest.closest(str(value), map(str, self.choices))
             if meant is None:
                 raise

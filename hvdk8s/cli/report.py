@@ -7,7 +7,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 err = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)  # long field paths stay whole for grep
 

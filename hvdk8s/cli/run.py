@@ -11,7 +11,7 @@ from hvdk8s.cli import cluster_launch, report
 from hvdk8s.cli.group import verb
 from hvdk8s.cli.jobs import check_code, load
 from hvdk8s.cli.options import duration, log_format_option, output_option, set_option, target_options
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 
 @verb()

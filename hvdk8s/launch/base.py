@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 
 PENDING = "Pending"  # submitted; nothing has acted on it yet (no operator condition)
 CREATED, RUNNING, RESTARTING, SUSPENDED = "Created", "Running", "Restarting", "Suspended"

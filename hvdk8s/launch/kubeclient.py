@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from hvdk8s import suggest
-from hvdk8s.errors import UserError
+from hvdk8s.core import suggest
+from hvdk8s.core.errors import UserError
 
 TIMEOUT = (10, 60)  # seconds to connect, and to read one answer (streams set their own)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from hvdk8s.core.errors import UserError
 from hvdk8s.entrypoint import carried_files
-from hvdk8s.errors import UserError
 from hvdk8s.launch import logview
 from hvdk8s.launch.base import Condition, JobStatus, WaitTimeout, phase_of
 from hvdk8s.launch.kubeclient import TIMEOUT, ClusterError, Connection, connect, explain, status_body, translated

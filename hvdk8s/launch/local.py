@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hvdk8s import events, failures, logformat, metrics, tuning
+from hvdk8s.core.errors import UserError
 from hvdk8s.entrypoint import local_argv
-from hvdk8s.errors import UserError
 from hvdk8s.faults import stall_env
 from hvdk8s.launch import procs
 from hvdk8s.launch.base import FAILED, RUNNING, SUCCEEDED, JobStatus, WaitTimeout

@@ -10,11 +10,11 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from hvdk8s._version import __version__
+from hvdk8s.core.strict import StrictModel
 from hvdk8s.spec.kubernetes import KubernetesSpec
 from hvdk8s.spec.observability import ObservabilitySpec
 from hvdk8s.spec.resources import ResourcesSpec
 from hvdk8s.spec.workload import DatasetSpec, EntrypointSpec, ModelSpec, TrainingSpec
-from hvdk8s.strict import StrictModel
 
 Framework = Literal["pytorch", "tensorflow"]
 

@@ -9,11 +9,10 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from hvdk8s import k8snames
-from hvdk8s.mpijob import layout
-from hvdk8s.quantity import ByteQuantity
+from hvdk8s.core import k8snames, layout
+from hvdk8s.core.quantity import ByteQuantity
+from hvdk8s.core.strict import StrictModel
 from hvdk8s.spec.values import INT32_MAX, DataKey, ObjectName, k8s_valid
-from hvdk8s.strict import StrictModel
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -9,7 +9,7 @@ from typing import Any, Optional, Union
 import yaml
 from pydantic import ValidationError
 
-from hvdk8s import safeyaml
+from hvdk8s.core import safeyaml
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
 from hvdk8s.overrides import OverrideError, applied

@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import Field, field_validator
 
-from hvdk8s.strict import StrictModel
+from hvdk8s.core.strict import StrictModel
 
 
 class MetricsSpec(StrictModel):

@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from hvdk8s import suggest
-from hvdk8s.errors import UserError
+from hvdk8s.core import suggest
+from hvdk8s.core.errors import UserError
 
 
 class JobFileError(UserError):

@@ -8,10 +8,11 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from hvdk8s import k8snames, tuning
-from hvdk8s.quantity import Quantity, parse_quantity
+from hvdk8s import tuning
+from hvdk8s.core import k8snames
+from hvdk8s.core.quantity import Quantity, parse_quantity
+from hvdk8s.core.strict import StrictModel
 from hvdk8s.spec.values import INT32_MAX, k8s_valid
-from hvdk8s.strict import StrictModel
 
 Tuning = Literal[tuning.PROFILES]
 

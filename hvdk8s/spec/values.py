@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from hvdk8s import k8snames
+from hvdk8s.core import k8snames
 
 INT32_MAX = 2**31 - 1  # replicas, slotsPerWorker, Horovod's rank count: 32-bit in the operator and in Horovod
 

@@ -8,11 +8,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from hvdk8s import compression, precision, schedule, suggest
+from hvdk8s import compression, precision, schedule
+from hvdk8s.core import suggest
+from hvdk8s.core.strict import StrictModel
 from hvdk8s.data import catalog
 from hvdk8s.models import registry
 from hvdk8s.spec.values import CONFIGMAP_KEY, INT32_MAX, DataKey, ObjectName
-from hvdk8s.strict import StrictModel
 
 
 def _known_name(v: Optional[str], choices, kind: str, plural: str, otherwise: str) -> Optional[str]:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from hvdk8s.checkpoint import check_writable
-from hvdk8s.errors import UserError
+from hvdk8s.core.errors import UserError
 from hvdk8s.events import Reporter
 from hvdk8s.factories import build_model as from_factory
 from hvdk8s.models import registry

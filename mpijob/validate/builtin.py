@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from hvdk8s.quantity import PATTERN as QUANTITY_PATTERN
+from hvdk8s.core.quantity import PATTERN as QUANTITY_PATTERN
 
 from ..api import MPI_IMPLEMENTATIONS
 

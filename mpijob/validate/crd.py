@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from hvdk8s import safeyaml
+from hvdk8s.core import safeyaml
 
 from ..api import CRD_NAME, GROUP, KIND, VERSION
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Union
 
-from hvdk8s import safeyaml
+from hvdk8s.core import safeyaml
 
 from ..api import API_VERSION, KIND, REPLICA_TYPES
 from ..operator import added_volumes

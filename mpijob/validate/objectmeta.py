@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvdk8s import k8snames
+from hvdk8s.core import k8snames
 
 from ..problems import Problem, child, json_type
 

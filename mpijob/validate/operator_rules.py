@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from hvdk8s import k8snames
+from hvdk8s.core import k8snames
 
 from ..api import CLEAN_POD_POLICIES, LAUNCHER, MANAGERS, MPI_IMPLEMENTATIONS, RESTART_POLICIES, WORKER
 from ..problems import Problem, child, unsupported

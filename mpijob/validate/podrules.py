@@ -11,7 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Mapping, Optional
 
-from hvdk8s import k8snames, quantity
+from hvdk8s.core import k8snames, quantity
 
 from ..problems import Problem, child, duplicates, unsupported
 from .objectmeta import annotation_problems, label_problems
