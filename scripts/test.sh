@@ -8,10 +8,12 @@ cd "$ROOT"
 .venv/bin/python -m compileall -q hvdk8s mpijob data models bench >/dev/null || true
 # Workers (pytest-xdist): four long streams, each on a worker of its own (tests/workgroups.py): the tests
 # that start Horovod ranks in two (TensorFlow's and the others, one test at a time in each), the real-node
-# tests, the API-server tests; the rest fill in beside them. More workers than a 2-core machine's cores:
-# the node and cluster tests spend much of their time waiting for pods, probes and controllers.
+# tests (then a third rank stream), the API-server tests; a fifth worker runs the rest beside them from
+# the start (xdist hands a worker more only when its queue is nearly empty, so with four the rest waited
+# for the first stream to end). More workers than a 2-core machine's cores: the node and cluster tests
+# spend much of their time waiting for pods, probes and controllers.
 # HVDK8S_TEST_WORKERS=0 runs everything in this one process.
-workers=${HVDK8S_TEST_WORKERS:-4}
+workers=${HVDK8S_TEST_WORKERS:-5}
 if [ "$workers" -gt 0 ]; then
   set -- -n "$workers" --dist loadgroup "$@"
 fi
