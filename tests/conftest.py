@@ -178,12 +178,30 @@ def cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess
                           timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")  # NaN, Infinity: Python reads them, log stacks do not
+
+
+def events_of(log: str, *kinds: str) -> list[dict]:
+    """What a `--log-format json` launch (or `hvdk8s logs`) wrote, read back (hvdk8s.logformat: one JSON
+    record a line): rank 0's events with their fields, the ranks' other output ("output"), the job's end
+    ("exit"), in order; only those of `kinds` where given. Tests read a job's progress here, not in the
+    progress view's text. Any other line fails; a last line without its newline (a launch killed while it
+    wrote) is not one yet."""
+    found = []
+    for line in log.split("\n")[:-1]:  # split("\n"), not splitlines(): U+2028 in a record ends no line
+        try:
+            found.append(json.loads(line, parse_constant=_not_json))
+        except ValueError:
+            raise AssertionError(f"not a log record: {line!r}") from None
+    return [r for r in found if not kinds or r["event"] in kinds]
+
+
 def check_reported_events(stdout: str, checkpoint_dir, epochs: int, keep: int = 3) -> dict:
     """A `launch --log-format json` run's records, checked for what rank 0 reports whatever the framework:
     progress within every epoch (run with HVDK8S_PROGRESS_EVERY_S=0), a checkpoint event per epoch
     naming its file, the newest `keep` of them on disk. Returns the `done` event."""
-    records = [json.loads(line) for line in stdout.splitlines()]
-    of = {kind: [r for r in records if r["event"] == kind] for kind in ("progress", "checkpoint", "done")}
+    of = {kind: events_of(stdout, kind) for kind in ("progress", "checkpoint", "done")}
     assert sorted({r["epoch"] for r in of["progress"]}) == list(range(1, epochs + 1)), of["progress"]
     assert all(0 < r["step"] < r["steps"] and r["loss"] > 0 and r["samples_per_s"] > 0 for r in of["progress"])
     assert [(r["epoch"], r["path"]) for r in of["checkpoint"]] == \
@@ -218,11 +236,16 @@ def run_ranks(script: str, *args: str, np: int = 2, controller: str = "mpi", tim
     return proc
 
 
-def elastic_launch(job: Path, tmp_path: Path, steps: list, timeout: float = 400) -> tuple[int, str, int]:
+def elastic_launch(job: Path, tmp_path: Path, steps: list, timeout: float = 400,
+                   log_format: str = "text") -> tuple[int, str, int]:
     """`hvdk8s launch --local -np 2 JOB` over a discovery script that offers what tmp_path/hosts says (at
-    first `localhost:2`). `steps`: (pattern, action) pairs taken in order: once an output line matches the
-    next pattern (re.search), its action(hosts) runs. A hang past `timeout` s kills the launch, so the test
-    fails with the output so far. Returns (exit code, output, the number of steps taken)."""
+    first `localhost:2`). `steps`: (condition, action) pairs taken in order: once the output meets the next
+    condition, its action(hosts) runs. A condition is a pattern that a line of the output matches (re.search),
+    or with log_format "json" (`--log-format json`) a function of each record (events_of), true for the one
+    awaited. A hang past `timeout` s kills the launch, so the test fails with the output so far. Returns (exit
+    code, output, the number of steps taken); the output is stdout and stderr together, or with log_format
+    "json" the records only (the launcher's stderr goes to tmp_path/launch.stderr; the exit record carries
+    the failure it names)."""
     import re
     import threading
 
@@ -230,18 +253,22 @@ def elastic_launch(job: Path, tmp_path: Path, steps: list, timeout: float = 400)
     hosts.write_text("localhost:2\n")
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job),
-                             "--discovery-script", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    as_json = log_format == "json"
+    with open(tmp_path / "launch.stderr", "w") as errors:
+        proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job),
+                                 "--discovery-script", str(script), "--log-format", log_format],
+                                stdout=subprocess.PIPE, stderr=errors if as_json else subprocess.STDOUT, text=True,
+                                cwd=ROOT)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     lines, taken = [], 0
     try:
         for line in proc.stdout:
             lines.append(line)
-            if taken < len(steps) and re.search(steps[taken][0], line):
-                steps[taken][1](hosts)
-                taken += 1
+            for seen in events_of(line) if as_json else [line]:
+                if taken < len(steps) and (steps[taken][0](seen) if as_json else re.search(steps[taken][0], seen)):
+                    steps[taken][1](hosts)
+                    taken += 1
     finally:
         timer.cancel()
     return proc.wait(), "".join(lines), taken

@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from conftest import DIGITS_JOB, ROOT, cli
+from conftest import DIGITS_JOB, ROOT, cli, events_of
 from hvdk8s.data import cache
 from hvdk8s.data.datasets import digits, train_test_split
 from hvdk8s.data.shards import write_shards
@@ -66,11 +66,11 @@ def test_launch_syncs_then_trains_from_the_cache_and_reuses_it(digits_over_http,
     job.write_text(yaml.safe_dump(data))
     env = {"HVDK8S_CACHE_DIR": str(tmp_path / "cache")}
 
-    first = cli("launch", "--local", "-np", "2", job, env=env)
+    first = cli("launch", "--local", "-np", "2", "--log-format", "json", job, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert re.search(r"synced \S+: \d+ files copied", first.stderr), first.stderr
-    accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", first.stdout).group(1))
-    assert accuracy >= 95.0
+    [done] = events_of(first.stdout, "done")
+    assert done["test_accuracy"] >= 0.95, first.stdout
     local = cache.cached_path(url, tmp_path / "cache", "v1")
     assert (local / "train" / "index.json").is_file()
     data_bytes = sum(v for k, v in served.items() if not k.endswith("manifest.json"))

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from cluster_helpers import end_container, running_launcher, unique
-from conftest import RANK_SCRIPTS, ROOT
+from conftest import RANK_SCRIPTS, ROOT, events_of
 
 EPOCHS = [
     {"event": "epoch", "epoch": e, "epochs": 2, "loss": 1.0 / e, "accuracy": 0.5 + e / 10, "test_loss": 0.9 / e,
@@ -173,5 +173,5 @@ def test_logs_of_a_failed_job_end_naming_the_rank_that_failed_first(own_cluster,
     assert "HorovodInternalError" in out  # rank 0's consequence is in the log, above
     after = own_cluster.cli("logs", name, "-n", namespace)
     assert after.returncode == 0 and after.stderr.splitlines()[-1] == expected, after.stdout + after.stderr
-    records = own_cluster.cli("logs", "-f", name, "-n", namespace, "--log-format", "json").stdout.splitlines()
-    assert json.loads(records[-1])["message"] == expected, records[-3:]  # the exit record says it for log stacks
+    records = events_of(own_cluster.cli("logs", "-f", name, "-n", namespace, "--log-format", "json").stdout)
+    assert (records[-1]["event"], records[-1]["message"]) == ("exit", expected), records[-3:]  # for log stacks

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import events_of
+
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "scripts" / "k8s"
 DIGITS_JOB = ROOT / "examples" / "digits.yaml"
@@ -363,10 +365,11 @@ def test_checkpoint_on_a_volume_survives_a_deleted_worker(node, tmp_path):
                        ["items"], key=lambda p: p["metadata"]["creationTimestamp"])
     phases = [p["status"]["phase"] for p in launchers]
     assert len(phases) >= 2 and set(phases[:-1]) == {"Failed"} and phases[-1] == "Succeeded", phases
-    raw = hvdk8s(node, "logs", "--raw", "digits-ckpt").stdout  # the launcher's last run (the newest pod)
-    resumed = [line for line in raw.splitlines() if line.startswith("resumed from /ckpt/digits/epoch-")]
-    assert resumed and int(resumed[0].split("(epoch ")[1].split(",")[0]) >= 2, raw
-    assert "done: test accuracy" in raw and f"after {epochs} epochs" in raw, raw
+    # The launcher's last run (the newest pod), its events as records:
+    log = hvdk8s(node, "logs", "--log-format", "json", "digits-ckpt").stdout
+    resumed = [e for e in events_of(log, "resume") if e["path"].startswith("/ckpt/digits/epoch-")]
+    assert resumed and resumed[0]["epoch"] >= 2, log
+    assert [e["epochs"] for e in events_of(log, "done")] == [epochs], log
     second = node.get("pods", "-n", "default", "-l", "hvdk8s.io/job=digits-ckpt,hvdk8s.io/role=worker")["items"]
     assert first_uid not in {p["metadata"]["uid"] for p in second}  # worker-1 is a new pod (or already gone)
     assert hvdk8s(node, "delete", "digits-ckpt").returncode == 0
@@ -404,7 +407,7 @@ def test_an_elastic_job_loses_and_regains_a_worker(node, tmp_path):
         if read.returncode != 0:
             unread[:] = [read.stderr]
             return []
-        return [r for r in map(json.loads, read.stdout.splitlines()) if r["event"] in ("epoch", "elastic", "done")]
+        return events_of(read.stdout, "epoch", "elastic", "done")
 
     def sizes() -> list[int]:  # the rank counts the job went through, in order
         return [e["ranks"] for e in events() if e["event"] == "elastic"]

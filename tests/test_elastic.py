@@ -4,7 +4,6 @@ sample once across a change of ranks; the cluster launcher runs horovodrun elast
 discover_hosts.sh, filtered to the workers whose sshd answers."""
 from __future__ import annotations
 
-import re
 import shutil
 import socket
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from conftest import OPERATOR_CRD, ROOT, elastic_launch, invoke
+from conftest import OPERATOR_CRD, ROOT, elastic_launch, events_of, invoke
 from hvdk8s.data.rankplans import plan_epoch, unread_after
 
 ELASTIC = {"min_workers": 1, "max_workers": 2, "commit_every_steps": 4}
@@ -66,14 +65,14 @@ def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file
     is re-sharded from 2 ranks to 1 and back."""
     epochs = 8
     code, out, taken = elastic_launch(_held_job(job_file, framework, epochs, sharded), tmp_path, [
-        (r"^epoch 2/", lambda hosts: hosts.write_text("localhost:1\n")),
-        (r"^elastic: .* 1 ranks", lambda hosts: hosts.write_text("localhost:2\n")),
-        (r"^elastic: .* 2 ranks", lambda hosts: None)])
+        (lambda e: e["event"] == "epoch" and e["epoch"] == 2, lambda hosts: hosts.write_text("localhost:1\n")),
+        (lambda e: e["event"] == "elastic" and e["ranks"] == 1, lambda hosts: hosts.write_text("localhost:2\n")),
+        (lambda e: e["event"] == "elastic" and e["ranks"] == 2, lambda hosts: None)], log_format="json")
     assert code == 0, out
     assert taken == 3, f"the job did not go 2 -> 1 -> 2 ranks:\n{out}"
-    assert [int(e) for e in re.findall(r"^epoch (\d+)/", out, re.M)][-1] == epochs, out
-    accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", out).group(1)) / 100
-    assert accuracy >= 0.95, out
+    assert events_of(out, "epoch")[-1]["epoch"] == epochs, out
+    [done] = events_of(out, "done")
+    assert done["test_accuracy"] >= 0.95, out
 
 
 def test_elastic_bounds_are_checked_where_they_are_given(job_file, tmp_path):

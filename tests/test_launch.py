@@ -4,23 +4,18 @@ import re
 import pytest
 
 import orphans
-from conftest import cli, session_members
+from conftest import cli, events_of, session_members
 
 pytestmark = pytest.mark.ranks
 
 
-def accuracy(output: str) -> float:
-    m = re.search(r"done: test accuracy ([\d.]+)%", output)
-    assert m, f"no final accuracy in the output:\n{output}"
-    return float(m.group(1)) / 100
-
-
 def test_digits_with_fp16_compression_reaches_95_percent_on_two_ranks(job_file):
     # Without compression (and `auto` meaning none on CPU): test_tensorflow.py's same-job-file test.
-    proc = cli("launch", "--local", "-np", "2", job_file({"training": {"compression": "fp16"}}))
+    proc = cli("launch", "--local", "-np", "2", "--log-format", "json", job_file({"training": {"compression": "fp16"}}))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 ranks, compression fp16" in proc.stdout
-    assert accuracy(proc.stdout) >= 0.95
+    [started], [done] = events_of(proc.stdout, "start"), events_of(proc.stdout, "done")
+    assert (started["ranks"], started["compression"]) == (2, "fp16")
+    assert done["test_accuracy"] >= 0.95, proc.stdout
 
 
 def test_failing_ranks_make_launch_fail(job_file, tmp_path):
@@ -34,10 +29,11 @@ def test_failing_ranks_make_launch_fail(job_file, tmp_path):
 def test_an_unwritable_checkpoint_dir_stops_the_launch_before_any_rank(tmp_path, job_file):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    run = cli("launch", "--local", "-np", "2", job_file({"training": {"checkpoint": {"dir": str(blocker / "ckpt")}}}))
+    run = cli("launch", "--local", "-np", "2", "--log-format", "json",
+              job_file({"training": {"checkpoint": {"dir": str(blocker / "ckpt")}}}))
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert "training.checkpoint.dir:" in run.stderr and "cannot write checkpoints" in run.stderr
-    assert "epoch 1" not in run.stdout
+    assert events_of(run.stdout, "start", "epoch") == [], run.stdout  # no rank trained
 
 
 def _kill_and_outlive_check(launcher, rank_argv: list[bytes]) -> None:
@@ -64,20 +60,23 @@ def _kill_and_outlive_check(launcher, rank_argv: list[bytes]) -> None:
     assert survivors == [], "processes outlived the launcher"
 
 
-def _launch(job) -> "subprocess.Popen":
+def _launch(job, *options: str, stderr=None) -> "subprocess.Popen":
+    """The launch, its stdout read through a pipe (stderr too unless given)."""
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", *options, str(job)],
+                            stdout=subprocess.PIPE, stderr=stderr or subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
-def test_no_rank_outlives_a_killed_launcher(job_file):
+def test_no_rank_outlives_a_killed_launcher(job_file, tmp_path):
     """The ranks (mpirun gives them groups of their own) die with their parent at once instead of training
     on for seconds."""
-    launcher = _launch(job_file({"training": {"epochs": 200}}))
+    with open(tmp_path / "launch.stderr", "w") as stderr:  # stdout: records only
+        launcher = _launch(job_file({"training": {"epochs": 200}}), "--log-format", "json", stderr=stderr)
     for line in launcher.stdout:  # wait until the ranks train
-        if line.startswith("epoch 2/"):
+        if any(e["epoch"] == 2 for e in events_of(line, "epoch")):
             break
     _kill_and_outlive_check(launcher, [b"-m", b"hvdk8s", b"train"])
 

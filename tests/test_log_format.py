@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import cli, invoke
+from conftest import cli, events_of, invoke
 from hvdk8s import events, logformat
 from hvdk8s.launch import logview
 
@@ -24,19 +24,15 @@ HOSTILE = b'say "hi" \\ back\tslash \x01\x07\x1b[31mred\x7f bad \xff\xfe utf-8 \
 HOSTILE_TEXT = HOSTILE.decode("utf-8", errors="replace")  # what the launcher reads (errors="replace")
 
 
-def _strict(constant: str):
-    raise ValueError(f"{constant} is not JSON")  # NaN/Infinity: Python reads them, log stacks do not
-
-
 def records(stdout: str) -> list[dict]:
-    """Every line of `stdout` as a JSON object with the fixed keys; fails on any other line."""
-    found = []
-    for line in stdout.split("\n")[:-1]:  # split("\n"), not splitlines(): U+2028 must not end a line either
-        record = json.loads(line, parse_constant=_strict)
-        assert isinstance(record, dict) and line.isascii(), line
+    """Every line of `stdout` as a JSON object with the fixed keys, in ASCII; fails on any other line (read
+    by conftest.events_of, which refuses NaN and Infinity too: Python reads them, log stacks do not)."""
+    found = events_of(stdout)
+    for record in found:
+        assert isinstance(record, dict), record
         assert TIME.match(record["time"]) and record["level"] in ("info", "warning", "error"), record
         assert isinstance(record["job"], str) and isinstance(record["event"], str), record
-        found.append(record)
+    assert stdout.isascii(), [line for line in stdout.split("\n") if not line.isascii()]
     assert stdout.endswith("\n") or not stdout, stdout[-200:]
     return found
 

@@ -14,11 +14,10 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import DIGITS_JOB, cli, rank_results, run_ranks
+from conftest import DIGITS_JOB, cli, events_of, rank_results, run_ranks
 from hvdk8s import metrics
 from hvdk8s.data import cache
 from hvdk8s.data.cache.layout import DatasetDir
-from hvdk8s.launch import logview
 from test_cache_launch import digits_over_http  # noqa: F401  (a fixture: digits served over HTTP)
 from test_observability_files import EPOCHS, check_epoch_scalars
 
@@ -99,13 +98,13 @@ def test_a_metrics_port_in_use_stops_the_job_naming_the_field(job_file):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        run = cli("launch", "--local", "-np", "2",
+        run = cli("launch", "--local", "-np", "2", "--log-format", "json",
                   job_file({"observability": {"metrics": {"enabled": True, "port": port}},
                             "training": {"epochs": 1}}), timeout=120)
     out = run.stdout + run.stderr
     assert run.returncode == 2  # refused before any rank starts
     assert "observability.metrics.port" in out and str(port) in out and "in use" in out
-    assert "Traceback" not in out and "epoch 1" not in out
+    assert "Traceback" not in out and events_of(run.stdout, "start", "epoch") == [], out
 
 
 # --- a real Prometheus ----------------------------------------------------------------------------
@@ -159,14 +158,15 @@ def by_rank(result: list[dict]) -> dict[str, float]:
 
 def launch_scraped(job: dict, tmp_path, env: dict | None = None) -> tuple[float, float, str]:
     """Run the job on 2 local ranks, held at its end until Prometheus has stored its final values (however
-    fast the machine trains it); returns when it ran (Unix times) and its output."""
+    fast the machine trains it); returns when it ran (Unix times) and its records (`--log-format json`: read
+    with events_of)."""
     # Bounds only: the ranks start once their zero counts are scraped (the rates' baseline) and end once
     # their final values are.
     job["observability"]["metrics"].update(first_scrape_timeout_seconds=300, final_scrape_timeout_seconds=300)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     began = time.time()
-    run = cli("launch", "--local", "-np", "2", path, env=env)
+    run = cli("launch", "--local", "-np", "2", "--log-format", "json", path, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     return began, time.time(), run.stdout
 
@@ -208,7 +208,7 @@ def test_prometheus_scrapes_samples_per_second_loss_and_step_time_of_each_rank(p
     began, ended, out = launch_scraped(job, tmp_path, env)
     if framework == "tensorflow":
         run_dir = tmp_path / "run"
-        check_epoch_scalars(run_dir, [e for e in map(logview.event_of, out.splitlines()) if e is not None])
+        check_epoch_scalars(run_dir, events_of(out, "epoch"))
         assert sorted(p.name for p in run_dir.iterdir()) == ["tensorboard"]  # nothing it was not asked for
     sel, window = f'{{hvdk8s_job="{name}"}}', "[10m]"
 

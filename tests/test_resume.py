@@ -1,31 +1,32 @@
 """Checkpoint and resume through the real launcher: a run stopped after epoch k resumes at k+1 from
 exactly the saved parameters, and ends where an uninterrupted run ends."""
-import re
 import shutil
 
 import pytest
 import torch
 
 import orphans
-from conftest import check_reported_events, cli, session_members
+from conftest import check_reported_events, cli, events_of, session_members
 from hvdk8s import checkpoint
 from hvdk8s.trainer.job import parameter_digest
 
 pytestmark = pytest.mark.ranks
 
 
-def launch(job, *extra):
-    proc = cli("launch", "--local", "-np", "2", job, *extra)
+def launch(job, *extra) -> str:
+    """The launch's records, one a line (read with events_of)."""
+    proc = cli("launch", "--local", "-np", "2", "--log-format", "json", job, *extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
 
 def final_digest(out: str) -> str:
-    return re.search(r"done: .*\(parameters (\w+)\)", out).group(1)
+    [done] = events_of(out, "done")
+    return done["digest"]
 
 
 def epochs_trained(out: str) -> list[int]:
-    return [int(e) for e in re.findall(r"^epoch (\d+)/\d+ ", out, re.M)]
+    return [e["epoch"] for e in events_of(out, "epoch")]
 
 
 def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
@@ -45,17 +46,15 @@ def test_stopped_run_resumes_from_exact_parameters(job_file, tmp_path):
     assert saved["epoch"] == 2
 
     second = launch(job_file({"training": {"epochs": 4, "checkpoint": {"dir": str(ckpt)}}}, "second.yaml"))
-    resumed = re.search(r"resumed from (\S+) \(epoch (\d+), parameters (\w+)\)", second)
-    assert resumed, second
-    assert resumed.group(2) == "2"
-    assert resumed.group(3) == parameter_digest(saved["model"])
+    assert [(e["path"], e["epoch"], e["digest"]) for e in events_of(second, "resume")] == \
+        [(str(checkpoint.path_for(ckpt, 2)), 2, parameter_digest(saved["model"]))], second
     assert epochs_trained(second) == [3, 4]
     # Same data order, learning-rate schedule and optimizer state: the same model as without a stop.
     assert final_digest(second) == straight_digest
 
     # --no-resume starts over beside newer checkpoints, and arrives where the straight run was after epoch 2.
     again = launch(job_file({"training": {"epochs": 2, "checkpoint": {"dir": str(ckpt)}}}, "again.yaml"), "--no-resume")
-    assert "resumed" not in again and epochs_trained(again) == [1, 2]
+    assert events_of(again, "resume") == [] and epochs_trained(again) == [1, 2], again
     assert final_digest(again) == parameter_digest(saved["model"])
 
 
@@ -89,9 +88,16 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
                 continue
         return 0
 
+    errors = tmp_path / "launch.stderr"  # the launches' own (stdout is records only)
+
     def train() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "1", str(job)],
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(errors, "a") as stderr:
+            return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "1",
+                                     "--log-format", "json", str(job)],
+                                    text=True, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+
+    def resumed(text: str) -> list[tuple[str, int]]:
+        return [(e["path"], e["epoch"]) for e in events_of(text, "resume")]
 
     resumed_from = []
     for trial in range(4):  # each is a launch (seconds of imports): 4 keep the suite within its time
@@ -100,7 +106,7 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
         out, epochs = [], 0
         for line in proc.stdout:  # two epochs (so the first one's checkpoint is whole), then kill at a random moment
             out.append(line)
-            epochs += line.startswith("epoch ")
+            epochs += len(events_of(line, "epoch"))
             if epochs == 2:
                 break
         time.sleep(rng.uniform(0.0, 1.0))  # a random moment to kill at, not a wait for anything
@@ -117,13 +123,13 @@ def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkp
         out.append(proc.stdout.read())
         text = "".join(out)
         if expected:
-            assert f"resumed from {checkpoint.path_for(ckpt, expected)} (epoch {expected}," in text, (trial, text)
+            assert resumed(text) == [(str(checkpoint.path_for(ckpt, expected)), expected)], (trial, text)
         resumed_from.append(expected)
     expected = newest_complete()
     job.write_text(job.read_text().replace("epochs: 200", f"epochs: {expected + 1}"))
     final = train()
     text = final.communicate()[0]
-    assert final.returncode == 0, text
-    assert f"resumed from {checkpoint.path_for(ckpt, expected)} (epoch {expected}," in text
+    assert final.returncode == 0, text + errors.read_text()
+    assert resumed(text) == [(str(checkpoint.path_for(ckpt, expected)), expected)], text
     assert not [p.name for p in ckpt.iterdir() if is_part(p.name)], sorted(os.listdir(ckpt))
     assert resumed_from == sorted(set(resumed_from)), resumed_from  # every launch got further, whatever its speed

@@ -3,12 +3,10 @@ file's field, and real Horovod ranks (tests/ranks/sharded.py) trained sharded ag
 parallelism, checkpointed at 2 ranks and resumed at 1, and hvdk8s's trainer end to end."""
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
-from conftest import DIGITS_JOB, cli, rank_results, run_ranks
+from conftest import DIGITS_JOB, cli, events_of, rank_results, run_ranks
 
 pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (tests/workgroups.py)
 
@@ -96,15 +94,17 @@ def test_a_checkpoint_of_2_sharded_ranks_resumes_at_1_rank_sharded_or_not(traine
 @pytest.mark.parametrize("stage", [1, 2])
 def test_the_trainer_trains_digits_sharded_and_resumes_at_another_rank_count(stage, tmp_path):
     ckpt = tmp_path / "ckpt"
-    common = ["--set", f"training.shard_optimizer_state={stage}", "--set", f"training.checkpoint.dir={ckpt}",
+    common = ["--log-format", "json",  # records, read with events_of
+              "--set", f"training.shard_optimizer_state={stage}", "--set", f"training.checkpoint.dir={ckpt}",
               "--set", "training.optimizer=adamw", "--set", "training.learning_rate=0.003",
               "--set", "training.weight_decay=0.01", "--set", "training.clip_grad_norm=5.0",
               "--set", "training.precision=bf16"]
     first = cli("launch", "--local", "-np", "2", DIGITS_JOB, *common, "--set", "training.epochs=8")
     assert first.returncode == 0, first.stdout + first.stderr
-    accuracy = float(re.search(r"done: test accuracy ([\d.]+)%", first.stdout).group(1))
-    assert accuracy >= 93.0, first.stdout
+    [done] = events_of(first.stdout, "done")
+    assert done["test_accuracy"] >= 0.93, first.stdout
     second = cli("launch", "--local", "-np", "1", DIGITS_JOB, *common, "--set", "training.epochs=9")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert re.search(r"resumed from \S+ \(epoch 8,", second.stdout), second.stdout
-    assert re.findall(r"^epoch (\d+)/9 ", second.stdout, re.M) == ["9"], second.stdout
+    assert [(e["path"], e["epoch"]) for e in events_of(second.stdout, "resume")] == \
+        [(str(ckpt / "epoch-00008.ckpt"), 8)], second.stdout
+    assert [(e["epoch"], e["epochs"]) for e in events_of(second.stdout, "epoch")] == [(9, 9)], second.stdout

@@ -2,13 +2,12 @@
 clipping), mixed precision, checkpoints, tf.data sharding, and the same job file training under both
 frameworks."""
 import math
-import re
 import shutil
 
 import pytest
 import yaml
 
-from conftest import DIGITS_JOB, check_reported_events, cli, rank_results, run_ranks
+from conftest import DIGITS_JOB, check_reported_events, cli, events_of, rank_results, run_ranks
 from hvdk8s import checkpoint
 
 pytestmark = pytest.mark.ranks
@@ -131,10 +130,11 @@ def test_tf_data_reads_each_sample_once_with_exact_weights(results):
     assert results[0]["shards"]["1"]["ids"] != results[0]["shards"]["2"]["ids"]
 
 
-def accuracy(output: str) -> float:
-    m = re.search(r"done: test accuracy ([\d.]+)%", output)
-    assert m, output
-    return float(m.group(1)) / 100
+def started_and_done(output: str) -> tuple[dict, dict]:
+    """The start and done events of a `--log-format json` launch: one each."""
+    started, done = events_of(output, "start"), events_of(output, "done")
+    assert len(started) == len(done) == 1, output
+    return started[0], done[0]
 
 
 def test_the_digits_job_file_trains_under_tensorflow_with_only_its_framework_changed(tmp_path):
@@ -144,19 +144,23 @@ def test_the_digits_job_file_trains_under_tensorflow_with_only_its_framework_cha
     data["framework"] = framework  # the only change
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(data))
-    proc = cli("launch", "--local", "-np", "2", job)
+    proc = cli("launch", "--local", "-np", "2", "--log-format", "json", job)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"job digits-mlp: {framework} mlp on digits, 2 ranks, compression none" in proc.stdout  # auto, on CPU
-    assert accuracy(proc.stdout) >= 0.95
+    started, done = started_and_done(proc.stdout)
+    assert {k: started[k] for k in ("job", "framework", "model", "dataset", "ranks", "compression")} == \
+        {"job": "digits-mlp", "framework": framework, "model": "mlp", "dataset": "digits", "ranks": 2,
+         "compression": "none"}  # auto, on CPU
+    assert done["test_accuracy"] >= 0.95, proc.stdout
 
 
 def test_keras_fit_cnn_with_fp16_reaches_95_percent(job_file):
     job = job_file({"framework": "tensorflow", "model": {"name": "cnn", "args": {"channels": [16, 32]}},
                     "training": {"compression": "fp16"}})
-    proc = cli("launch", "--local", "-np", "2", job)
+    proc = cli("launch", "--local", "-np", "2", "--log-format", "json", job)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compression fp16" in proc.stdout
-    assert accuracy(proc.stdout) >= 0.95
+    started, done = started_and_done(proc.stdout)
+    assert started["compression"] == "fp16"
+    assert done["test_accuracy"] >= 0.95, proc.stdout
 
 
 def test_tensorflow_run_resumes_from_its_checkpoint(job_file, tmp_path):
@@ -172,11 +176,12 @@ def test_tensorflow_run_resumes_from_its_checkpoint(job_file, tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     shutil.copy(checkpoint.path_for(straight_dir, 2), checkpoint.path_for(ckpt, 2))
-    second = cli("launch", "--local", "-np", "2",
+    second = cli("launch", "--local", "-np", "2", "--log-format", "json",
                  job_file({"framework": "tensorflow", "training": {"epochs": 4, "checkpoint": {"dir": str(ckpt)}}},
                           "second.yaml"))
     assert second.returncode == 0, second.stdout + second.stderr
-    assert re.search(r"resumed from \S+ \(epoch 2, parameters \w+\)", second.stdout), second.stdout
-    assert [int(e) for e in re.findall(r"^epoch (\d+)/4 ", second.stdout, re.M)] == [3, 4]
+    assert [(e["path"], e["epoch"]) for e in events_of(second.stdout, "resume")] == \
+        [(str(checkpoint.path_for(ckpt, 2)), 2)], second.stdout
+    assert [(e["epoch"], e["epochs"]) for e in events_of(second.stdout, "epoch")] == [(3, 4), (4, 4)], second.stdout
     # Same data order, learning-rate schedule and optimizer state: the same model as without a stop.
-    assert done["digest"] == re.search(r"parameters (\w+)\)\s*$", second.stdout).group(1)
+    assert [e["digest"] for e in events_of(second.stdout, "done")] == [done["digest"]], second.stdout
