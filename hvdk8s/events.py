@@ -1,7 +1,7 @@
 """Progress events that rank 0 reports: one line each, either for people or for the local launcher.
 
-Rank 0 prints `@hvdk8s {json}` when HVDK8S_EVENTS=json (set by `hvdk8s launch --local`, which parses
-them and draws progress), and plain text otherwise (logs of a cluster pod, a hand-run horovodrun).
+Rank 0 prints `@hvdk8s {json}` when HVDK8S_EVENTS=json (set by `hvdk8s launch --local` and by the rendered
+MPIJob; `hvdk8s logs` draws them as a local launch does), and plain text otherwise (a hand-run horovodrun).
 Any rank's uncaught exception is an event too, "failed", always as JSON (`hvdk8s.failures`).
 
 Ranks' other output (a user's print, a dataset path in an error message) could look like an event; so

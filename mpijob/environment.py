@@ -22,7 +22,8 @@ FROM_IMAGE, FROM_GPU_IMAGE = ("PATH",), ("LD_LIBRARY_PATH",)
 
 def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
     """What hvdk8s itself sets, from the job file's fields (a job's own `env` may not override these)."""
-    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "text", JOB_ENV: JOB_FILE,
+    # Rank 0's events as JSON lines, the one form every reader takes (`hvdk8s logs` draws them).
+    env = {"PYTHONUNBUFFERED": "1", "HVDK8S_EVENTS": "json", JOB_ENV: JOB_FILE,
            **stall_env(spec.training.stall_timeout_seconds)}  # a hung rank ends the job, as locally
     if topo.gpus_per_worker:
         env.update(network.nccl_env(spec.resources, topo))

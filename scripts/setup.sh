@@ -32,17 +32,7 @@ command -v "$PY" >/dev/null 2>&1 || apt_needed+=(python3)
 command -v kubectl >/dev/null 2>&1 || apt_needed+=(kubernetes-client)  # tests: `kubectl kustomize`
 command -v prometheus >/dev/null 2>&1 || apt_needed+=(prometheus)  # tests: a real Prometheus scrapes the ranks
 has_python_headers || apt_needed+=(python3-dev)
-if [ ${#apt_needed[@]} -gt 0 ]; then
-  command -v apt-get >/dev/null 2>&1 || die "missing ${apt_needed[*]} and no apt-get: install them by hand"
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || die "missing ${apt_needed[*]}: run as root or install them"
-    sudo="sudo"
-  fi
-  say "installing from apt: ${apt_needed[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_needed[@]}" >/dev/null
-fi
+bash "$ROOT/scripts/apt-install.sh" setup "${apt_needed[@]}"
 
 # --- 2. virtual environment ---------------------------------------------------------------------
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from hvdk8s import events
 from cluster_helpers import end_container, running_launcher, unique
 from conftest import RANK_SCRIPTS, ROOT, events_of
 
@@ -56,14 +57,16 @@ def _failed_message(cluster, namespace: str, job: str) -> str:
 
 
 def _text(event) -> str:
-    from hvdk8s.events import format_text
+    """The line the view draws for an event."""
+    return events.format_text(event)
 
-    return format_text(event)
+
+def _json(event) -> str:
+    """An event as rank 0 of a rendered MPIJob prints it (HVDK8S_EVENTS=json)."""
+    return "@hvdk8s " + json.dumps(event)
 
 
 def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster, kubelet, launched, namespace):
-    import json
-
     name = launched
     follower = own_cluster.popen("logs", "-f", name, "-n", namespace)  # (it waits for the launcher pod)
     pod = _launcher_pod(own_cluster, namespace, name)
@@ -71,14 +74,14 @@ def test_logs_follow_the_launcher_through_the_api_server_to_the_end(own_cluster,
     start = {"event": "start", "job": name, "framework": "pytorch", "model": "mlp", "dataset": "digits", "ranks": 2,
              "compression": "none", "precision": "fp32", "lr": 0.1, "steps_per_epoch": 23}
     feed.write("Warning: Permanently added 'worker-0' to the list of known hosts.",
-               _text(start),  # rank 0's events as the rendered MPIJob emits them today (HVDK8S_EVENTS=text)
-               _text({"event": "progress", "epoch": 1, "step": 5, "steps": 23, "loss": 2.1, "samples_per_s": 900.0}),
-               _text(EPOCHS[0]))
+               _json(start),  # rank 0's events as the rendered MPIJob emits them (HVDK8S_EVENTS=json)
+               _json({"event": "progress", "epoch": 1, "step": 5, "steps": 23, "loss": 2.1, "samples_per_s": 900.0}),
+               "[0]<stdout>:" + _json(EPOCHS[0]))  # (behind horovodrun's rank tag)
     kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # following now: the rest arrives live
     end_container(own_cluster, namespace, pod, 0, [
-        "@hvdk8s " + json.dumps(EPOCHS[1]),  # ...or as JSON (HVDK8S_EVENTS=json)
+        _json(EPOCHS[1]),
         "[1,1]<stdout>:a rank's own print",
-        _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"})])
+        _json({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"})])
     out, errors = follower.communicate(timeout=300)  # the operator marks the job once the launcher Job completed
     assert follower.returncode == 0, errors
     lines = out.splitlines()
@@ -141,7 +144,7 @@ def _ranks_output(program: list[str], tagged: bool) -> list[str]:
     cmd = command(program, 2)
     if not tagged:
         cmd.remove("--tag-output")
-    env = {**environment(2), "HVDK8S_EVENTS": "text"}  # as the rendered MPIJob sets it, and no launcher token
+    env = {**environment(2), "HVDK8S_EVENTS": "json"}  # as the rendered MPIJob sets it, and no launcher token
     run = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=120)
     assert run.returncode != 0, run.stdout

@@ -86,7 +86,7 @@ def test_a_scripts_hostile_output_stays_one_valid_json_line(tmp_path):
 
 # --- a cluster job's log through the real API server (test_cluster_logs.py's fixtures) ----------------------
 
-from test_cluster_logs import (EPOCHS, _failed_message, _launcher_pod, _text, kubelet,  # noqa: E402,F401
+from test_cluster_logs import (EPOCHS, _failed_message, _json, _launcher_pod, kubelet,  # noqa: E402,F401
                                launched)  # (fixtures)
 
 
@@ -100,9 +100,9 @@ def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  
     start = {"event": "start", "job": name, "framework": "pytorch", "model": "mlp", "dataset": "digits",
              "ranks": 2, "compression": "none", "precision": "fp32", "lr": 0.1, "steps_per_epoch": 23}
     feed.write(
-        "Warning: Permanently added 'worker-0' to the list of known hosts.", _text(start), _text(EPOCHS[0]),
-        "@hvdk8s " + json.dumps(EPOCHS[1]), HOSTILE_TEXT,
-        _text({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"}))
+        "Warning: Permanently added 'worker-0' to the list of known hosts.", _json(start), _json(EPOCHS[0]),
+        _json(EPOCHS[1]), HOSTILE_TEXT,
+        _json({"event": "done", "test_accuracy": 0.6512, "epochs": 2, "seconds": 3.2, "digest": "ab12cd34"}))
     kubelet.wait_for_followers(namespace, pod, "launcher", 1)  # it follows the log before the log ends
     end_container(own_cluster, namespace, pod, 0)
     out, errors = follower.communicate(timeout=300)
@@ -110,7 +110,7 @@ def test_logs_follow_as_json_lines(own_cluster, kubelet, launched, namespace):  
     found = records(out)
     assert [r["event"] for r in found] == ["output", "start", "epoch", "epoch", "output", "done", "exit"], out
     assert {r["job"] for r in found} == {name}
-    assert found[1]["steps_per_epoch"] == 23 and [r["epoch"] for r in found[2:4]] == [1, 2]  # text read back
+    assert found[1]["steps_per_epoch"] == 23 and [r["epoch"] for r in found[2:4]] == [1, 2]  # read back field for field
     assert found[4]["message"] == HOSTILE_TEXT and "rank" not in found[4]  # the cluster's mpirun tags no ranks
     assert found[-1]["code"] == 0 and found[-1]["status"] == "Succeeded"
     assert "Succeeded" not in errors  # the exit record says it; stderr is for errors
@@ -155,10 +155,12 @@ def test_non_finite_numbers_are_null_and_fields_never_relabel_the_record():
     assert record["loss"] is None and record["level"] == "info" and record["job"] == "j" and record["time"] != "then"
 
 
-def test_text_events_read_back_the_elastic_kind():
-    line = events.format_text({"event": "elastic", "ranks": 3, "epoch": 2, "unread": 40})
-    [record] = convert(line)
+def test_an_elastic_event_keeps_its_fields_and_its_text_is_output():
+    event = {"event": "elastic", "ranks": 3, "epoch": 2, "unread": 40}
+    [record] = convert("@hvdk8s " + json.dumps(event))
     assert (record["event"], record["ranks"], record["epoch"], record["unread"]) == ("elastic", 3, 2, 40)
+    [record] = convert(events.format_text(event))  # a hand-run job's text for people is its output
+    assert record["event"] == "output" and record["message"] == events.format_text(event)
 
 
 _event_like = st.dictionaries(st.text(max_size=8), st.none() | st.booleans() | st.integers() | st.floats()

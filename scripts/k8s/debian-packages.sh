@@ -2,7 +2,7 @@
 # The Debian packages the test cluster's build and bring-up use (scripts/k8s/*), installed from apt when
 # missing, as scripts/setup.sh installs its own: run once per machine before building (.ci/run does).
 set -euo pipefail
-say() { printf '\033[1m[k8s-packages]\033[0m %s\n' "$*" >&2; }
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
@@ -15,10 +15,4 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 pkg-config --exists libseccomp 2>/dev/null || need+=(libseccomp-dev)
 command -v debootstrap >/dev/null || need+=(debootstrap)  # the node's image
 command -v iptables >/dev/null || need+=(iptables)        # CNI portmap in the node's namespace
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null || { echo "missing ${need[*]}: run as root or install them" >&2; exit 1; }; sudo=sudo; }
-  say "installing from apt: ${need[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+bash "$HERE/../apt-install.sh" k8s-packages "${need[@]}"
