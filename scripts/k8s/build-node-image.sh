@@ -206,7 +206,9 @@ if [ ! -s "$IDIR/node.oci.tar" ]; then
   printf '%s\n' 'Host *' '    Port 2222' '    StrictHostKeyChecking no' '    UserKnownHostsFile /dev/null' \
     '    LogLevel ERROR' >"$r/etc/ssh/ssh_config.d/hvdk8s.conf"
   chroot "$r" /bin/sh -ec 'ssh -G worker-0 | grep -qx "port 2222"
-    ssh-keygen -q -t ed25519 -N "" -f /tmp/k && /usr/sbin/sshd -t -f /home/mpiuser/.sshd_config -o HostKey=/tmp/k
+    ssh-keygen -q -t ed25519 -N "" -f /tmp/k
+    # (the configured host key comes from the operator'"'"'s Secret at run time: its absence is said only on failure)
+    out=$(/usr/sbin/sshd -t -f /home/mpiuser/.sshd_config -o HostKey=/tmp/k 2>&1) || { echo "$out" >&2; exit 1; }
     rm -f /tmp/k /tmp/k.pub'
   # The launcher's and the sync's hvdk8s (see the header): the packages' sources and the sync's dependencies.
   site=$(echo "$r"/opt/hvdk8s-image/lib/python3*/site-packages)
