@@ -137,22 +137,6 @@ def started_and_done(output: str) -> tuple[dict, dict]:
     return started[0], done[0]
 
 
-def test_the_digits_job_file_trains_under_tensorflow_with_only_its_framework_changed(tmp_path):
-    """Under PyTorch, as it is: the README's quickstart (test_readme.py) checks the same lines of it."""
-    framework = "tensorflow"
-    data = yaml.safe_load(DIGITS_JOB.read_text())
-    data["framework"] = framework  # the only change
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(data))
-    proc = cli("launch", "--local", "-np", "2", "--log-format", "json", job)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    started, done = started_and_done(proc.stdout)
-    assert {k: started[k] for k in ("job", "framework", "model", "dataset", "ranks", "compression")} == \
-        {"job": "digits-mlp", "framework": framework, "model": "mlp", "dataset": "digits", "ranks": 2,
-         "compression": "none"}  # auto, on CPU
-    assert done["test_accuracy"] >= 0.95, proc.stdout
-
-
 def test_keras_fit_cnn_with_fp16_reaches_95_percent(job_file):
     job = job_file({"framework": "tensorflow", "model": {"name": "cnn", "args": {"channels": [16, 32]}},
                     "training": {"compression": "fp16"}})
@@ -163,25 +147,38 @@ def test_keras_fit_cnn_with_fp16_reaches_95_percent(job_file):
     assert done["test_accuracy"] >= 0.95, proc.stdout
 
 
-def test_tensorflow_run_resumes_from_its_checkpoint(job_file, tmp_path):
-    # 4 epochs straight through, read as a log stack reads them: the Keras loop reports the trainer's
-    # events (progress within each epoch, each checkpoint) as the PyTorch loop does. Its epoch-2
-    # checkpoint is what a run stopped after epoch 2 left behind.
+def test_the_digits_job_file_trains_under_tensorflow_and_resumes_from_its_checkpoint(tmp_path):
+    """The digits job file with only its framework changed trains under TensorFlow (under PyTorch, as it
+    is, in the README's quickstart, test_readme.py), its checkpoints sent to a folder of the test's from the
+    command line. Read as a log stack reads it: the Keras loop reports the trainer's events (progress within
+    each epoch, each checkpoint) as the PyTorch loop does. Its epoch-13 checkpoint is what a run stopped
+    there left behind: a launch from it ends on the same model."""
+    data = yaml.safe_load(DIGITS_JOB.read_text())
+    data["framework"] = "tensorflow"  # the only change
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(data))
+    epochs = data["training"]["epochs"]
     straight_dir = tmp_path / "straight"
-    straight = cli("launch", "--local", "-np", "2", "--log-format", "json",
-                   job_file({"framework": "tensorflow", "training": {"epochs": 4, "checkpoint": {"dir": str(straight_dir)}}},
-                            "straight.yaml"), env={"HVDK8S_PROGRESS_EVERY_S": "0"})
+    straight = cli("launch", "--local", "-np", "2", "--log-format", "json", job,
+                   "--set", f"training.checkpoint.dir={straight_dir}", env={"HVDK8S_PROGRESS_EVERY_S": "0"})
     assert straight.returncode == 0, straight.stdout + straight.stderr
-    done = check_reported_events(straight.stdout, straight_dir, epochs=4)
+    [started] = events_of(straight.stdout, "start")
+    assert {k: started[k] for k in ("job", "framework", "model", "dataset", "ranks", "compression")} == \
+        {"job": "digits-mlp", "framework": "tensorflow", "model": "mlp", "dataset": "digits", "ranks": 2,
+         "compression": "none"}  # auto, on CPU
+    done = check_reported_events(straight.stdout, straight_dir, epochs=epochs)
+    assert done["test_accuracy"] >= 0.95, straight.stdout
+
+    stopped_at = epochs - 2
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    shutil.copy(checkpoint.path_for(straight_dir, 2), checkpoint.path_for(ckpt, 2))
-    second = cli("launch", "--local", "-np", "2", "--log-format", "json",
-                 job_file({"framework": "tensorflow", "training": {"epochs": 4, "checkpoint": {"dir": str(ckpt)}}},
-                          "second.yaml"))
+    shutil.copy(checkpoint.path_for(straight_dir, stopped_at), checkpoint.path_for(ckpt, stopped_at))
+    second = cli("launch", "--local", "-np", "2", "--log-format", "json", job,
+                 "--set", f"training.checkpoint.dir={ckpt}")
     assert second.returncode == 0, second.stdout + second.stderr
     assert [(e["path"], e["epoch"]) for e in events_of(second.stdout, "resume")] == \
-        [(str(checkpoint.path_for(ckpt, 2)), 2)], second.stdout
-    assert [(e["epoch"], e["epochs"]) for e in events_of(second.stdout, "epoch")] == [(3, 4), (4, 4)], second.stdout
+        [(str(checkpoint.path_for(ckpt, stopped_at)), stopped_at)], second.stdout
+    assert [(e["epoch"], e["epochs"]) for e in events_of(second.stdout, "epoch")] == \
+        [(stopped_at + 1, epochs), (epochs, epochs)], second.stdout
     # Same data order, learning-rate schedule and optimizer state: the same model as without a stop.
     assert [e["digest"] for e in events_of(second.stdout, "done")] == [done["digest"]], second.stdout

@@ -4,6 +4,7 @@ real local rank's environment, applied from inside a rank that no hvdk8s launche
 on hvdk8s's use of Horovod's private parts (hvdk8s/_torch_launch.py), which falls back to Horovod's public
 path, saying why, when the version check or the one-tensor self-check fails."""
 import os
+import re
 import subprocess
 import sys
 
@@ -188,20 +189,38 @@ def test_ranks_started_by_plain_mpirun_apply_the_profile_themselves(tmp_path):
     assert len(said) == 1 and "LD_PRELOAD=" in said[0], proc.stdout + proc.stderr
 
 
+PRIVATE_PATH_MODES = {
+    "as-written": None,
+    "version": "Horovod 0.28.1 is not 0.0.0",
+    "self-check": "their self-check allreduced",
+    "late-wait": "their sleeping wait returned before the allreduce was done",
+}
+
+
+@pytest.fixture(scope="module")
+def private_paths(tmp_path_factory):
+    """tests/ranks/private_path.py through every mode in one launch: each mode's results, and rank 0's
+    stderr lines from its `MODE` line to the next."""
+    out = tmp_path_factory.mktemp("private-path")
+    proc = run_ranks("private_path.py", str(out), *PRIVATE_PATH_MODES)
+    said, mode = {}, None
+    for line in re.sub(r"\[\d+,\d+\]<std(?:out|err)>:", "", proc.stderr).splitlines():  # mpirun's rank tags
+        if line.startswith("MODE "):
+            mode = line[len("MODE "):]
+            said[mode] = []
+        elif mode is not None:
+            said[mode].append(line)
+    assert list(said) == list(PRIVATE_PATH_MODES), proc.stderr
+    return rank_results(out), said
+
+
 @pytest.mark.ranks
-@pytest.mark.parametrize("mode, why", [
-    ("as-written", None),
-    ("version", "Horovod 0.28.1 is not 0.0.0"),
-    ("self-check", "their self-check allreduced"),
-    ("late-wait", "their sleeping wait returned before the allreduce was done"),
-])
-def test_the_private_gradient_path_runs_only_where_it_was_checked(tmp_path, mode, why):
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = run_ranks("private_path.py", str(out), mode)
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "take Horovod's own launch" in line]
-    for rank in rank_results(out):
-        assert rank == {"direct": why is None, "averaged": True}, (mode, rank)
+@pytest.mark.parametrize("mode, why", PRIVATE_PATH_MODES.items())
+def test_the_private_gradient_path_runs_only_where_it_was_checked(private_paths, mode, why):
+    results, said = private_paths
+    lines = [line for line in said[mode] if "take Horovod's own launch" in line]
+    for rank in results:
+        assert rank[mode] == {"direct": why is None, "averaged": True}, (mode, rank)
     if why is None:
         assert lines == [], lines
     else:

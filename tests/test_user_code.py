@@ -59,9 +59,10 @@ def test_own_script_trains_checkpoints_resumes_and_renders(tmp_path):
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("framework,model", [("pytorch", "my_pkg.models:torch_mlp"),
-                                             ("tensorflow", "my_pkg.models:keras_mlp")])
+@pytest.mark.parametrize("framework,model", [("tensorflow", "my_pkg.models:keras_mlp")])
 def test_model_and_dataset_factories_train(framework, model):
+    """The factories example under TensorFlow, its model factory changed as the job file's comment says
+    (under PyTorch, as it is, the README's launch of it: test_readme.py)."""
     run = cli("launch", "--local", "-np", "2", "--log-format", "json", EXAMPLES / "factories" / "job.yaml",
               "--set", f"framework={framework}", "--set", f"model.factory={model}")
     assert run.returncode == 0, run.stdout + run.stderr

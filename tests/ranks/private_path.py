@@ -1,11 +1,13 @@
-"""Runs on 2 real Horovod ranks (run by tests/test_tuning_profile.py): `private_path.py OUT MODE` distributes
-an optimizer, MODE simulating what should send it to Horovod's public path:
+"""Runs on 2 real Horovod ranks (run by tests/test_tuning_profile.py): `private_path.py OUT MODE...` distributes
+an optimizer once per MODE, in one launch (each start costs seconds), MODE simulating what should send it
+to Horovod's public path:
   as-written  nothing: hvdk8s's direct launch and sleeping wait run
   version     another Horovod release than the one they were written for
   self-check  a direct launch whose result differs from Horovod's (it doubles the gradient it enqueues)
   late-wait   a sleeping wait that returns before the allreduce is done
-and writes OUT/rank<r>.json: which path the optimizer took, and whether one step's averaged gradients
-equal the mean of both ranks' own."""
+Before each, rank 0 writes `MODE <mode>` on stderr (where hvdk8s says why it falls back), and each mode's
+simulation is undone after it. Writes OUT/rank<r>.json: {mode: which path the optimizer took, and whether
+one step's averaged gradients equal the mean of both ranks' own}."""
 import copy
 import json
 import sys
@@ -16,43 +18,60 @@ import torch
 import hvdk8s.torch as ht
 from hvdk8s import _torch_launch
 
-out, mode = Path(sys.argv[1]), sys.argv[2]
+out, modes = Path(sys.argv[1]), sys.argv[2:]
 ht.init()
 rank = ht.rank()
+written_for, written_launch, written_wait, real_poll = (_torch_launch.HOROVOD_WRITTEN_FOR, _torch_launch.direct_launch,
+                                                        ht._wait_asleep_for, ht.hvd.poll)
 
-if mode == "version":
-    _torch_launch.HOROVOD_WRITTEN_FOR = "0.0.0"
-elif mode == "self-check":
-    written = _torch_launch.direct_launch
 
-    def doubling(optimizer):
-        launch = written(optimizer)
+def doubling(optimizer):
+    launch = written_launch(optimizer)
 
-        def launch_doubled(p):
-            p.grad.mul_(2.0)
-            return launch(p)
-        return launch_doubled
-    _torch_launch.direct_launch = doubling
-elif mode == "late-wait":
-    real_poll = ht.hvd.poll
-    ht._wait_asleep_for = lambda handles: None
-    ht.hvd.poll = lambda handle: False  # what a wait that returned at once may find: not done yet
+    def launch_doubled(p):
+        p.grad.mul_(2.0)
+        return launch(p)
+    return launch_doubled
 
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1, bias=False)
-reference = copy.deepcopy(model)  # without Horovod's hooks: each rank's own gradient, on every rank
-optimizer = ht.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
-direct = optimizer._allreduce_grad_async.__name__ in ("launch", "launch_doubled")
-if mode == "late-wait":
-    ht.hvd.poll = real_poll
-inputs = [torch.full((1, 4), float(r + 1)) for r in range(2)]
-grads = []
-for r in range(2):
-    reference.zero_grad()
-    reference(inputs[r]).sum().backward()
-    grads.append(reference.weight.grad.clone())
-optimizer.zero_grad()
-model(inputs[rank]).sum().backward()
-optimizer.synchronize()
-averaged = torch.equal(model.weight.grad, (grads[0] + grads[1]) / 2)
-(out / f"rank{rank}.json").write_text(json.dumps({"direct": direct, "averaged": averaged}))
+
+def simulate(mode: str) -> None:
+    if mode == "version":
+        _torch_launch.HOROVOD_WRITTEN_FOR = "0.0.0"
+    elif mode == "self-check":
+        _torch_launch.direct_launch = doubling
+    elif mode == "late-wait":
+        ht._wait_asleep_for = lambda handles: None
+        ht.hvd.poll = lambda handle: False  # what a wait that returned at once may find: not done yet
+
+
+def undo() -> None:
+    _torch_launch.HOROVOD_WRITTEN_FOR, _torch_launch.direct_launch = written_for, written_launch
+    ht._wait_asleep_for, ht.hvd.poll = written_wait, real_poll
+
+
+def one_step(mode: str) -> dict:
+    if rank == 0:
+        sys.stderr.write(f"MODE {mode}\n")  # one write: mpirun tags each write of an unbuffered stream
+        sys.stderr.flush()
+    simulate(mode)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False)
+    reference = copy.deepcopy(model)  # without Horovod's hooks: each rank's own gradient, on every rank
+    optimizer = ht.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    direct = optimizer._allreduce_grad_async.__name__ in ("launch", "launch_doubled")
+    ht.hvd.poll = real_poll  # (late-wait: only distribute's self-check was to find it not done)
+    inputs = [torch.full((1, 4), float(r + 1)) for r in range(2)]
+    grads = []
+    for r in range(2):
+        reference.zero_grad()
+        reference(inputs[r]).sum().backward()
+        grads.append(reference.weight.grad.clone())
+    optimizer.zero_grad()
+    model(inputs[rank]).sum().backward()
+    optimizer.synchronize()
+    averaged = torch.equal(model.weight.grad, (grads[0] + grads[1]) / 2)
+    undo()
+    return {"direct": direct, "averaged": averaged}
+
+
+(out / f"rank{rank}.json").write_text(json.dumps({mode: one_step(mode) for mode in modes}))
