@@ -43,20 +43,26 @@ def test_the_synthetic_benchmark_runs_and_leaves_the_ranks_equal(tmp_path):
     assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", proc.stdout), proc.stdout
 
 
-def test_the_gradient_tape_mnist_training_learns(tmp_path):
-    data = mnist_like(tmp_path / "mnist.npz")
-    proc = run_ranks("hvd_tf2_mnist.py", data, tmp_path)
-    r0, r1 = rank_results(tmp_path)
+@pytest.fixture(scope="module")
+def mnist_runs(tmp_path_factory):
+    """Both MNIST examples in one launch (tests/ranks/hvd_tf2_mnist_both.py): their output and folders."""
+    out = tmp_path_factory.mktemp("hvd-tf2-mnist")
+    proc = run_ranks("hvd_tf2_mnist_both.py", mnist_like(out / "mnist.npz"), out)
+    return proc, out / "tape", out / "keras"
+
+
+def test_the_gradient_tape_mnist_training_learns(mnist_runs):
+    proc, out, _ = mnist_runs
+    r0, r1 = rank_results(out)
     assert r0["weights"] == r1["weights"]
     assert np.mean(r0["last_losses"]) < 0.5 * np.mean(r0["first_losses"]), r0
     assert proc.stdout.count("Step #0\t") == 1  # rank 0 prints
-    assert list((tmp_path / "checkpoints").glob("ckpt-1.index"))
+    assert list((out / "checkpoints").glob("ckpt-1.index"))
 
 
-def test_the_keras_mnist_training_learns_with_the_callbacks(tmp_path):
-    data = mnist_like(tmp_path / "mnist.npz")
-    proc = run_ranks("hvd_tf2_keras_mnist.py", data, tmp_path)
-    r0, r1 = rank_results(tmp_path)
+def test_the_keras_mnist_training_learns_with_the_callbacks(mnist_runs):
+    proc, _, out = mnist_runs
+    r0, r1 = rank_results(out)
     assert r0["weights"] == r1["weights"]
     assert r0["history"] == r1["history"], "MetricAverageCallback gives every rank the same metrics"
     acc, lr = r0["history"]["accuracy"], r0["history"]["lr"]
@@ -65,7 +71,7 @@ def test_the_keras_mnist_training_learns_with_the_callbacks(tmp_path):
     assert lr[0] == pytest.approx(0.002 / 2 * (1 * 1 / 2 + 1)) and lr[1] == lr[2] == pytest.approx(0.002)
     assert "finished gradual learning rate warmup to 0.002" in proc.stdout
     assert not r0["jit_compile"]
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*.h5")) == [f"checkpoint-{e}.h5" for e in (1, 2, 3)]
+    assert sorted(p.name for p in out.glob("checkpoint-*.h5")) == [f"checkpoint-{e}.h5" for e in (1, 2, 3)]
 
 
 def test_the_elastic_synthetic_benchmark_goes_from_2_to_1_rank_under_launch_local(tmp_path):

@@ -9,15 +9,6 @@ from conftest import cli, events_of, session_members
 pytestmark = pytest.mark.ranks
 
 
-def test_digits_with_fp16_compression_reaches_95_percent_on_two_ranks(job_file):
-    # Without compression (and `auto` meaning none on CPU): test_tensorflow.py's same-job-file test.
-    proc = cli("launch", "--local", "-np", "2", "--log-format", "json", job_file({"training": {"compression": "fp16"}}))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [started], [done] = events_of(proc.stdout, "start"), events_of(proc.stdout, "done")
-    assert (started["ranks"], started["compression"]) == (2, "fp16")
-    assert done["test_accuracy"] >= 0.95, proc.stdout
-
-
 def test_failing_ranks_make_launch_fail(job_file, tmp_path):
     # A shard dataset path that does not exist: the ranks fail, and so must the launch.
     job = job_file({"dataset": {"path": str(tmp_path / "missing"), "name": None}})

@@ -1,4 +1,5 @@
-"""Mixed precision and gradient clipping in hvdk8s's trainer, both frameworks, on real ranks.
+"""Mixed precision, gradient clipping and fp16 gradient compression in hvdk8s's trainer, both frameworks, on
+real ranks.
 (Adapter-level equivalence, 2 ranks against one process with clipping and fp16 loss scaling, is in
 test_torch_adapter.py and test_tensorflow.py.)"""
 from __future__ import annotations
@@ -32,9 +33,12 @@ def _final_accuracy(out: str) -> float:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_bf16_with_clipping_trains_digits_to_95_percent(framework):
-    out = _launch(f"framework={framework}", "training.precision=bf16", "training.clip_grad_norm=5.0")
-    assert _precision(out) == "bf16", out
+def test_bf16_with_clipping_and_fp16_compression_trains_digits_to_95_percent(framework):
+    """Gradient compression too (fp16 on the wire, whatever the compute precision): one launch for the three."""
+    out = _launch(f"framework={framework}", "training.precision=bf16", "training.clip_grad_norm=5.0",
+                  "training.compression=fp16")
+    [started] = events_of(out, "start")
+    assert (started["precision"], started["compression"], started["ranks"]) == ("bf16", "fp16", 2), out
     assert _final_accuracy(out) >= 0.95, out
 
 
