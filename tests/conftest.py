@@ -261,14 +261,16 @@ def elastic_launch(job: Path, tmp_path: Path, steps: list, timeout: float = 400,
                                 cwd=ROOT)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
+    def met(line: str, condition) -> bool:
+        return any(map(condition, events_of(line))) if as_json else re.search(condition, line) is not None
+
     lines, taken = [], 0
     try:
         for line in proc.stdout:
             lines.append(line)
-            for seen in events_of(line) if as_json else [line]:
-                if taken < len(steps) and (steps[taken][0](seen) if as_json else re.search(steps[taken][0], seen)):
-                    steps[taken][1](hosts)
-                    taken += 1
+            if taken < len(steps) and met(line, steps[taken][0]):
+                steps[taken][1](hosts)
+                taken += 1
     finally:
         timer.cancel()
     return proc.wait(), "".join(lines), taken

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cluster_helpers import diagnose
 from conftest import events_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ class Node:
         return self.get("pod", "-n", ns, name).get("status", {}).get("phase", "")
 
     def diagnose(self, ns: str) -> str:
-        return self.kubectl("get", "pods,events", "-n", ns, "-o", "wide", check=False).stdout
+        return diagnose(self.kubectl, ns)
 
 
 def _sh(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -67,15 +67,15 @@ def test_every_event_reads_back_as_the_same_event_and_its_text_as_output(event):
     view reads them back field for field, behind a rank tag too, and draws them as a local launch does. The
     text a hand-run job prints for people is no event: it is shown as it is."""
     line = "@hvdk8s " + json.dumps(event)
-    assert json.dumps(logview.event_of(line)) == json.dumps(event)
-    assert json.dumps(logview.event_of("[1,0]<stdout>:" + line)) == json.dumps(event)
-    assert logview.event_of(events.format_text(event)) is None
+    assert json.dumps(events.parse(line)) == json.dumps(event)
+    assert json.dumps(events.parse("[1,0]<stdout>:" + line)) == json.dumps(event)
+    assert events.parse(events.format_text(event)) is None
 
 
 @pytest.mark.parametrize("line", ["", "epoch 1", "job x: what", "done: nothing", "[1,0]<stdout>:epoch 1 step x",
                                   "checkpoint", "@hvdk8s {not json"])
 def test_other_output_is_no_event(line):
-    assert logview.event_of(line) is None
+    assert events.parse(line) is None
 
 
 def test_a_log_draws_as_the_local_view_draws_its_events():

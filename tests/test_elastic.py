@@ -16,7 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from conftest import OPERATOR_CRD, ROOT, elastic_launch, events_of, invoke
+from conftest import OPERATOR_CRD, elastic_launch, events_of, invoke
 from hvdk8s.data.rankplans import plan_epoch, unread_after
 
 ELASTIC = {"min_workers": 1, "max_workers": 2, "commit_every_steps": 4}

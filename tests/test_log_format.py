@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -10,15 +10,10 @@ same text.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from hvdk8s import events, failures
 from hvdk8s.launch.progress import ProgressView
-
-
-def event_of(line: str) -> Optional[dict[str, Any]]:
-    """Rank 0's event in a log line (behind a rank tag too); None for any other output."""
-    return events.parse(line)
 
 
 def show(lines: Iterable[str], console) -> Optional[failures.Failure]:
@@ -30,7 +25,7 @@ def first_failure(lines: Iterable[str]) -> Optional[failures.Failure]:
     """The rank that failed first, as a log says it (nothing is drawn)."""
     first = failures.FirstFailure()
     for line in lines:
-        first.feed(line, event_of(line))
+        first.feed(line, events.parse(line))
     return first.first()
 
 
@@ -40,7 +35,7 @@ def draw(lines: Iterable[str], view) -> Optional[failures.Failure]:
     first = failures.FirstFailure()
     try:
         for line in lines:
-            event = event_of(line)
+            event = events.parse(line)  # behind a rank tag too
             first.feed(line, event)
             if event is None:
                 view.passthrough(line.rstrip("\r\n"))

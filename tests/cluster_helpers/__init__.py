@@ -255,13 +255,13 @@ def wait_phase(cluster: Cluster, namespace: str, job: str, phase: str, timeout: 
             return status
         if time.monotonic() > deadline:
             raise AssertionError(f"{namespace}/{job} is {status['phase']}, not {phase}, after {timeout}s\n"
-                                 + diagnose(cluster, namespace))
+                                 + diagnose(cluster.kubectl, namespace))
         time.sleep(0.2)
 
 
-def diagnose(cluster: Cluster, namespace: str) -> str:
-    """What a stuck job's namespace holds (its pods, Jobs and events) and the nodes' taints, for a failure."""
-    seen = cluster.kubectl("get", "pods,jobs,events", "-n", namespace, "-o", "wide", check=False)
-    taints = cluster.kubectl("get", "nodes", "-o", "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints",
-                             check=False)
+def diagnose(kubectl, namespace: str) -> str:
+    """What a stuck job's namespace holds (its pods, Jobs and events) and the nodes' taints, for a failure
+    message; `kubectl` is a cluster's own (Cluster.kubectl here, the node tests' Node.kubectl)."""
+    seen = kubectl("get", "pods,jobs,events", "-n", namespace, "-o", "wide", check=False)
+    taints = kubectl("get", "nodes", "-o", "custom-columns=NAME:.metadata.name,TAINTS:.spec.taints", check=False)
     return seen.stdout + seen.stderr + taints.stdout + taints.stderr
