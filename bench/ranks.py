@@ -60,7 +60,9 @@ def run_json(module: str, config: dict, mode: str, np: int, env: Optional[dict] 
         proc = subprocess.run(_argv(program, mode, np, controller, launcher), env=rank_env(np, env, mode),
                               capture_output=True, text=True, timeout=TIMEOUT)
         if proc.returncode != 0 or not out.exists():
-            raise BenchError(f"{mode} x{np} {module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
+            # stderr too: torchrun (ddp) and a rank's traceback write there, not to stdout
+            raise BenchError(f"{mode} x{np} {module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
+                             f"{proc.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 
