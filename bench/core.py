@@ -11,6 +11,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Union
 
 
+class BenchError(RuntimeError):
+    """A measured run failed (its ranks' exit status and output in the message): `hvdk8s bench` ends
+    with it, exit 1."""
+
+
 @dataclass
 class Row:
     config: str                     # what was measured, e.g. "hvdk8s" or "ddp, contended"

@@ -14,14 +14,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from hvdk8s.bench.core import BenchError
 from hvdk8s.launch import local, procs
 
 STEP_RANK = "hvdk8s.bench.step_rank"
 TIMEOUT = 1200
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 def _argv(program: list[str], mode: str, np: int, controller: str = local.DEFAULT_CONTROLLER,

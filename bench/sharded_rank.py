@@ -95,6 +95,7 @@ def main(config: dict) -> None:
     if mode.rank == 0:
         with open(config["out"], "w") as f:
             json.dump({"seconds_per_step": seconds, "memory": memory}, f)
+    mode.close()
 
 
 if __name__ == "__main__":

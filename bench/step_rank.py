@@ -117,6 +117,13 @@ class Mode:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def close(self) -> None:
+        """End the process group before the interpreter does: a gloo rank left to exit with its group
+        alive sometimes aborts ("terminate called without an active exception", SIGABRT) once its peer
+        has gone, which fails the whole torchrun."""
+        if self.kind == "ddp":
+            self.lib.destroy_process_group()
+
 
 def warmed_step(config: dict, mode: Mode) -> Callable[[], None]:
     """One training step of config's model under `mode`, after its warm-up steps."""
@@ -170,6 +177,7 @@ def main(config: dict) -> None:
     if mode.rank == 0:
         with open(config["out"], "w") as f:
             json.dump({"seconds_per_step": seconds}, f)
+    mode.close()
 
 
 if __name__ == "__main__":

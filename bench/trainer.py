@@ -12,7 +12,8 @@ import yaml
 
 from hvdk8s import events, tuning
 from hvdk8s.bench.core import Comparison, Row, interleaved
-from hvdk8s.bench.ranks import TIMEOUT, BenchError, rank_env, run_json
+from hvdk8s.bench.core import BenchError
+from hvdk8s.bench.ranks import TIMEOUT, rank_env, run_json
 from hvdk8s.launch import local
 
 

@@ -30,6 +30,18 @@ def test_configurations_are_measured_in_turn():
     assert order == ["a", "b"] * 3 and samples == {"a": [1.0] * 3, "b": [2.0] * 3}
 
 
+def test_a_failed_rank_run_says_why_with_its_stderr():
+    """A baseline's ranks that fail end the benchmark with their exit status and the tail of what they
+    wrote, stderr included (torchrun and a rank's traceback write there); `hvdk8s bench` prints it as a
+    message and exits 1, not a traceback of its own."""
+    from hvdk8s.bench.core import BenchError
+    from hvdk8s.bench.ranks import run_json
+
+    with pytest.raises(BenchError, match=r"(?s)plain x1 hvdk8s\.bench\.no_such_rank failed \(1\):.*"
+                                         r"No module named hvdk8s\.bench\.no_such_rank"):
+        run_json("hvdk8s.bench.no_such_rank", {}, "plain", 1)
+
+
 @pytest.mark.parametrize("args, says", [
     (("--only", "wrapper,nope"), "--only: unknown benchmark nope"),
     (("--render", GPU_JOB, "--from-logs", GPU_JOB), "--render, --from-logs: one at a time"),

@@ -7,10 +7,11 @@ from typing import Sequence
 import click
 
 from hvdk8s.bench import run as bench_run
+from hvdk8s.bench.core import BenchError
 from hvdk8s.cli.group import verb
 from hvdk8s.cli.jobs import load
 from hvdk8s.cli.options import chosen_output_dir, output_dir_option, set_option
-from hvdk8s.cli.report import err
+from hvdk8s.cli.report import Failed, err
 from hvdk8s.core.errors import UserError
 
 
@@ -53,5 +54,9 @@ def bench(quick: bool, only: Sequence[str], output_dir: str | None, old_output_d
         click.echo(str(out / "README.md"))
         return
     names = bench_run.chosen(only)
-    bench_run.run(names, quick, out, lambda text: err.print(text, markup=False))
+    try:
+        bench_run.run(names, quick, out, lambda text: err.print(text, markup=False))
+    except BenchError as e:  # a baseline's or hvdk8s's ranks failed: their output, not our traceback
+        first, *rest = str(e).splitlines() or ["a benchmark failed"]
+        raise Failed(1, first, rest, label="benchmark failed") from None
     click.echo(str(out / "README.md"))
