@@ -86,9 +86,11 @@ if [ "$ONLY_APISERVER" = 1 ]; then  # the same command line as the first start (
   echo $! >"$STATE/apiserver.pid"
   wait_apiserver
   # The operator cannot renew its leader lease without the API server and exits (klog.Fatal), so
-  # stop-135.sh --apiserver-only stops it too; it starts again here and leads once the old lease expired.
+  # stop-135.sh --apiserver-only stops it too; it starts again here and leads at once: the lease its
+  # stopped predecessor held is deleted (else the new one waits for it to expire, 15 s).
   if [ -f "$STATE/mpi-operator.cmd" ] && ! alive mpi-operator; then
     led=$(grep -c "Leading started" "$STATE/mpi-operator.log" || true)
+    kubectl --kubeconfig "$STATE/kubeconfig" -n mpi-operator delete lease mpi-operator --ignore-not-found >/dev/null
     say "mpi-operator again"
     start_operator
     for _ in $(seq 1 480); do
