@@ -119,6 +119,9 @@ def compressor(compression: Any = "auto"):
     (`horovod.tensorflow.Compression.fp16`, or any class with compress/decompress)."""
     if hasattr(compression, "compress") and hasattr(compression, "decompress"):
         return compression
+    if compression == "powersgd":
+        raise ValueError(f"compression 'powersgd' is not yet available under TensorFlow (PyTorch only); "
+                         f"choose one of {', '.join(['auto', *_COMPRESSORS])}")
     return _COMPRESSORS[resolve_compression(compression)]
 
 

@@ -35,6 +35,7 @@ from hvdk8s import (_adapter, checkpoint as _checkpoint, compression as _compres
                     precision as _precision)
 from hvdk8s._adapter import CONTRACT
 from hvdk8s import _torch_launch
+from hvdk8s._torch_powersgd import PowerSGDOptimizer
 from hvdk8s._torch_sharded import STAGES as SHARDING_STAGES, ShardedOptimizer
 from hvdk8s._torch_wait import wait_asleep
 
@@ -85,7 +86,7 @@ def device() -> torch.device:
 
 
 def resolve_compression(choice: str = "auto") -> str:
-    """'fp16' or 'none': `auto` is fp16 only for GPU jobs that span more than one node."""
+    """'fp16', 'none' or 'powersgd': `auto` is fp16 only for GPU jobs that span more than one node."""
     return _compression.resolve(choice, on_gpu=torch.cuda.is_available(), nodes=hvd.cross_size())
 
 
@@ -103,8 +104,8 @@ def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
     parameters are broadcast after it. A rank alone has them already."""
     if _adapter.alone(hvd.size()):
         return
-    if isinstance(optimizer, ShardedOptimizer):
-        optimizer.sync(root_rank)  # its own format: root_rank's full state, each rank keeping its part
+    if isinstance(optimizer, (ShardedOptimizer, PowerSGDOptimizer)):
+        optimizer.sync(root_rank)  # its own format: root_rank's full state (the sharded: each rank keeps its part)
     elif optimizer is not None:
         root_has_state = hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank,
                                               name="hvdk8s.optimizer_has_state")
@@ -116,16 +117,28 @@ def broadcast_state(model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
 
 def distribute(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, compression: str = "auto",
                backward_passes_per_step: int = 1, op=None, root_rank: int = 0, broadcast: bool = True,
-               shard_optimizer_state: int = 0, **horovod_options: Any) -> torch.optim.Optimizer:
+               shard_optimizer_state: int = 0, powersgd: Optional[dict] = None,
+               **horovod_options: Any) -> torch.optim.Optimizer:
     """Broadcast root_rank's state to all ranks and wrap `optimizer` so gradients are averaged.
     broadcast=False skips the broadcast (elastic training: `ElasticState` syncs the ranks instead).
 
-    compression: 'auto' (default), 'fp16' or 'none'. backward_passes_per_step > 1 sums that many
+    compression: 'auto' (default), 'fp16', 'none' or 'powersgd' (low-rank factors with error feedback:
+    hvdk8s._torch_powersgd; `powersgd` takes its settings: {"rank": 4, "start_step": 10,
+    "min_compression_rate": 2.0}). backward_passes_per_step > 1 sums that many
     backward passes locally before one allreduce (scale each pass's loss by 1/passes for a mean).
     shard_optimizer_state: 0 (every rank holds the whole optimizer state), 1 (each rank holds and
     updates 1/N of it; ZeRO stage 1) or 2 (the gradients sharded too; ZeRO stage 2): see
     hvdk8s._torch_sharded. Other keyword arguments (gradient_predivide_factor, sparse_as_dense, groups,
     num_groups, process_set) go to horovod.torch.DistributedOptimizer (unsharded only)."""
+    resolved = resolve_compression(compression)
+    if powersgd is not None and resolved != "powersgd":
+        raise ValueError("powersgd settings given, but compression is not 'powersgd'")
+    if resolved == "powersgd":
+        if shard_optimizer_state:
+            raise ValueError("compression 'powersgd' and shard_optimizer_state: one or the other (a sharded "
+                             "optimizer reduce-scatters whole gradients)")
+        return _distribute_powersgd(model, optimizer, powersgd or {}, backward_passes_per_step=backward_passes_per_step,
+                                    op=op, root_rank=root_rank, broadcast=broadcast, horovod_options=horovod_options)
     if shard_optimizer_state:
         return _distribute_sharded(model, optimizer, shard_optimizer_state, compression=compression,
                                    backward_passes_per_step=backward_passes_per_step, op=op, root_rank=root_rank,
@@ -163,6 +176,25 @@ def _distribute_sharded(model, optimizer, stage: int, *, compression: str, backw
         broadcast_state(model, optimizer, root_rank)
     return ShardedOptimizer(optimizer, stage, backward_passes_per_step=backward_passes_per_step,
                             compression=resolve_compression(compression), op=op)
+
+
+def _distribute_powersgd(model, optimizer, settings: dict, *, backward_passes_per_step: int, op, root_rank: int,
+                         broadcast: bool, horovod_options: dict) -> PowerSGDOptimizer:
+    if horovod_options:
+        raise ValueError(f"compression 'powersgd': Horovod's DistributedOptimizer options "
+                         f"({', '.join(sorted(horovod_options))}) do not apply to it")
+    unknown = set(settings) - {"rank", "start_step", "min_compression_rate"}
+    if unknown:
+        raise ValueError(f"powersgd: unknown settings {', '.join(sorted(unknown))} (rank, start_step, "
+                         "min_compression_rate)")
+    if isinstance(optimizer, (ShardedOptimizer, PowerSGDOptimizer)) or hasattr(optimizer, "_handles"):
+        raise ValueError("optimizer is already distributed")
+    # backward passes sum into .grad on their own; the averaging happens once, at the step
+    del backward_passes_per_step
+    wrapped = PowerSGDOptimizer(optimizer, op=op, **settings)
+    if broadcast:
+        broadcast_state(model, wrapped, root_rank)
+    return wrapped
 
 
 def _nothing_to_average() -> None:
@@ -318,8 +350,9 @@ def save_checkpoint(directory: str, epoch: int, model: torch.nn.Module, optimize
     """Rank 0 writes model, optimizer and `extra` for `epoch` atomically and keeps the `keep` newest;
     other ranks write nothing (with a sharded optimizer they send rank 0 their part of its state: call
     it on every rank). Returns the path on rank 0, None elsewhere."""
-    # A sharded optimizer's state is gathered from every rank (collective), into the unsharded format.
-    sharded = optimizer.state_dict() if isinstance(optimizer, ShardedOptimizer) else None
+    # A sharded optimizer's state is gathered from every rank (collective), into the unsharded format;
+    # PowerSGD's holds the ranks' mean error (collective too).
+    sharded = optimizer.state_dict() if isinstance(optimizer, (ShardedOptimizer, PowerSGDOptimizer)) else None
     if hvd.rank() != 0:
         _metrics.current().checkpointed()  # rank 0 writes it now
         return None
@@ -398,6 +431,9 @@ class ElasticState(ObjectState):
             # joining worker must not wait for the others: what this rank loaded (rank 0's checkpoint).
             full = self._optimizer.loaded_state() if first else self._optimizer.state_dict()
             return model, None if full is None else _on_cpu(full)
+        if isinstance(self._optimizer, PowerSGDOptimizer):  # its errors' mean: collective, except at construction
+            return model, copy.deepcopy({**self._optimizer.inner.state_dict(),
+                                         "powersgd": self._optimizer.compression_state(local=first)})
         return model, None if self._optimizer is None else copy.deepcopy(self._optimizer.state_dict())
 
     def save(self) -> None:
@@ -419,6 +455,8 @@ class ElasticState(ObjectState):
         workers only left): the committed state, which every rank holds, laid out for the new ranks."""
         if isinstance(self._optimizer, ShardedOptimizer):
             self._optimizer.reshard(self._saved[1])
+        elif isinstance(self._optimizer, PowerSGDOptimizer):
+            self._optimizer.reset_compression()  # the ranks that left took their errors with them
 
     def sync(self) -> None:
         if isinstance(self._optimizer, ShardedOptimizer):

@@ -40,12 +40,11 @@ def test_an_epoch_read_across_changes_of_ranks_reads_every_sample_once(n, batch,
 GATE = Path(__file__).resolve().parent / "user_code" / "held_digits.py"
 
 
-def _held_job(job_file, framework: str, epochs: int, shard_optimizer_state: int = 0) -> Path:
+def _held_job(job_file, framework: str, epochs: int, **training) -> Path:
     """Digits from tests/user_code/held_digits.py (a user's factory beside the job file), whose rank 0 holds
     each epoch from the third on until the resize the test makes has reached it: the events come in the
-    test's order at any speed, so a few epochs do."""
-    job = job_file({"framework": framework, "training": {"epochs": epochs, "elastic": ELASTIC,
-                                                         "shard_optimizer_state": shard_optimizer_state}})
+    test's order at any speed, so a few epochs do. `training`: more fields of the job's training."""
+    job = job_file({"framework": framework, "training": {"epochs": epochs, "elastic": ELASTIC, **training}})
     data = yaml.safe_load(job.read_text())
     data["dataset"] = {"factory": "held_digits:digits_held_at_changes", "args": {"framework": framework}}
     job.write_text(yaml.safe_dump(data))
@@ -55,16 +54,21 @@ def _held_job(job_file, framework: str, epochs: int, shard_optimizer_state: int 
 
 @pytest.mark.ranks
 # PyTorch runs sharded (stage 2), which takes the whole elastic path of an unsharded job and re-shards on
-# top; the unsharded PyTorch job loses and regains a worker on the real node (test_cluster_node.py).
-@pytest.mark.parametrize("framework, sharded", [("tensorflow", 0), ("pytorch", 2)])
-def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, sharded):
+# top, and with PowerSGD, whose errors and Q matrices are reset at each change; the unsharded PyTorch job
+# loses and regains a worker on the real node (test_cluster_node.py).
+@pytest.mark.parametrize("framework, training, target", [
+    ("tensorflow", {}, 0.95), ("pytorch", {"shard_optimizer_state": 2}, 0.95),
+    ("pytorch", {"compression": "powersgd"}, 0.93)], ids=["tensorflow", "pytorch-sharded", "pytorch-powersgd"])
+def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, training,
+                                                                       target):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it
-    runs on 1 rank. The launch must report both changes, train every epoch and reach 95% on digits. (Elastic
-    runs on Horovod's Gloo controller: this is also the test that Gloo trains; test_launch.py's gloo-die
-    case starts a non-elastic --gloo launch.) Sharded (training.shard_optimizer_state): the optimizer state
-    is re-sharded from 2 ranks to 1 and back."""
+    runs on 1 rank. The launch must report both changes, train every epoch and reach its target on digits
+    (95%; 93% with PowerSGD at rank 4, which keeps about 98.6% of the accuracy). (Elastic runs on Horovod's
+    Gloo controller: this is also the test that Gloo trains; test_launch.py's gloo-die case starts a
+    non-elastic --gloo launch.) Sharded (training.shard_optimizer_state): the optimizer state is re-sharded
+    from 2 ranks to 1 and back."""
     epochs = 8
-    code, out, taken = elastic_launch(_held_job(job_file, framework, epochs, sharded), tmp_path, [
+    code, out, taken = elastic_launch(_held_job(job_file, framework, epochs, **training), tmp_path, [
         (lambda e: e["event"] == "epoch" and e["epoch"] == 2, lambda hosts: hosts.write_text("localhost:1\n")),
         (lambda e: e["event"] == "elastic" and e["ranks"] == 1, lambda hosts: hosts.write_text("localhost:2\n")),
         (lambda e: e["event"] == "elastic" and e["ranks"] == 2, lambda hosts: None)], log_format="json")
@@ -72,7 +76,7 @@ def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file
     assert taken == 3, f"the job did not go 2 -> 1 -> 2 ranks:\n{out}"
     assert events_of(out, "epoch")[-1]["epoch"] == epochs, out
     [done] = events_of(out, "done")
-    assert done["test_accuracy"] >= 0.95, out
+    assert done["test_accuracy"] >= target, out
 
 
 def test_elastic_bounds_are_checked_where_they_are_given(job_file, tmp_path):

@@ -87,3 +87,13 @@ def test_distributed_optimizer_keeps_class_settings_and_state():
     dist = hvd.DistributedOptimizer(opt, backward_passes_per_step=2)
     assert isinstance(dist, keras.optimizers.Adam) and dist.beta_1 == 0.8 and dist.gradient_accumulation_steps == 2
     assert [v.numpy().tolist() for v in dist.variables[-1:]] == [v.numpy().tolist() for v in opt.variables[-1:]]
+
+
+def test_powersgd_is_refused_under_tensorflow_naming_the_choices():
+    """PowerSGD is PyTorch's only (the job file says so too: test_powersgd.py); a script asking hvdk8s.tensorflow
+    for it hears which compressions there are, not a KeyError."""
+    import hvdk8s.tensorflow as htf
+
+    with pytest.raises(ValueError, match="compression 'powersgd' is not yet available under TensorFlow .* "
+                                         "choose one of auto, fp16, none"):
+        htf.compressor("powersgd")

@@ -64,7 +64,7 @@ BAD = [
     ("unknown model argument", "model.args.width", 3, "model.args.width", "unknown field; allowed here: hidden"),
     ("bad model argument", "model.args.hidden", "wide", "model.args.hidden", "valid list"),
     ("unknown framework", "framework", "jax", "framework", "'pytorch' or 'tensorflow'"),
-    ("bad compression", "training.compression", "int8", "training.compression", "'auto', 'fp16' or 'none'"),
+    ("bad compression", "training.compression", "int8", "training.compression", "'auto', 'fp16', 'none' or 'powersgd'"),
     ("missing field", "training.epochs", DELETE, "training.epochs", "required field is missing"),
     ("bad name", "name", "Digits_MLP", "name", "lower-case"),
     ("bad quantity", "resources.memory", "16GB", "resources.memory", "Kubernetes quantity"),

@@ -39,6 +39,16 @@ def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
                                                               "drop one of the two"))
     if spec.training.shard_optimizer_state and spec.framework != "pytorch":
         problems.append(("training.shard_optimizer_state", "not yet available for tensorflow (pytorch only); set 0"))
+    if spec.training.compression == "powersgd":
+        if spec.framework != "pytorch":
+            problems.append(("training.compression", "powersgd is not yet available for tensorflow (pytorch "
+                                                     "only); choose auto, fp16 or none"))
+        if spec.training.shard_optimizer_state:
+            problems.append(("training.compression", "powersgd and training.shard_optimizer_state: one or the "
+                                                     "other (a sharded optimizer reduce-scatters whole gradients)"))
+    elif spec.training.powersgd is not None:
+        problems.append(("training.powersgd", f"applies only with training.compression: powersgd (it is "
+                                              f"{spec.training.compression})"))
     entry = registry.get(spec.model.name) if spec.model is not None and spec.model.name else None
     if entry is not None:
         try:

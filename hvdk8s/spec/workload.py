@@ -175,6 +175,18 @@ class CheckpointSpec(StrictModel):
     keep: int = Field(default=3, ge=1, description="newest checkpoints kept")
 
 
+class PowerSGDSpec(StrictModel):
+    """PowerSGD's settings (training.compression: powersgd; hvdk8s/_torch_powersgd.py)."""
+
+    rank: int = Field(default=4, ge=1, le=1024, description="columns of the low-rank factors: the bytes sent per "
+                                                            "weight matrix are (rows + columns) x rank")
+    start_step: int = Field(default=10, ge=0, le=1_000_000_000,
+                            description="optimizer steps that average whole gradients before compression starts")
+    min_compression_rate: float = Field(default=2.0, ge=0.0, le=1e6, allow_inf_nan=False,
+                                        description="compress a matrix only where its factors are this many "
+                                                    "times smaller; others are averaged whole")
+
+
 class ElasticSpec(StrictModel):
     """Horovod elastic training: the job keeps training while workers leave and join, between these bounds.
     A worker is a pod on a cluster (resources.ranks_per_worker ranks each) and one rank in a local launch."""
@@ -215,7 +227,10 @@ class TrainingSpec(StrictModel):
                                  description="epochs over which the rate ramps from learning_rate to its scaled value")
     compression: Compression = Field(
         default="auto", description="gradient compression: auto picks fp16 only where gradients cross a "
-                                    "network between GPU nodes")
+                                    "network between GPU nodes; powersgd (PyTorch) sends low-rank factors with "
+                                    "error feedback")
+    powersgd: Optional[PowerSGDSpec] = Field(default=None, description="PowerSGD's settings, with compression: "
+                                                                       "powersgd (default: rank 4)")
     backward_passes_per_step: int = Field(default=1, ge=1)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seeds numpy, torch and Keras (32 bits)")

@@ -105,7 +105,7 @@ class Steps(Protocol):
     rank: int
     size: int
     steps_per_epoch: int
-    compression: str  # as resolved: "fp16" or "none"
+    compression: str  # as resolved: "fp16", "none" or "powersgd"
     metrics: Any      # this rank's hvdk8s.metrics.Metrics (records nothing when metrics are off)
 
     def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]: ...

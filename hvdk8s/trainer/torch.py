@@ -14,6 +14,7 @@ from hvdk8s.data.rankplans import unread_after
 from hvdk8s.data.shards import ShardedDataset
 from hvdk8s.data.torch import ShardedLoader
 from hvdk8s.spec import JobSpec
+from hvdk8s.spec.workload import PowerSGDSpec
 
 from .job import EpochStats, LRSchedule, Progress, build_model, parameter_digest
 
@@ -100,7 +101,7 @@ class TorchSteps:
         if t.elastic is not None:  # wrapped now, without a broadcast: the elastic state's sync is the one
             self.optimizer = ht.distribute(self.model, self.optimizer, compression=t.compression,
                                            backward_passes_per_step=self.k, broadcast=False,
-                                           shard_optimizer_state=t.shard_optimizer_state)
+                                           shard_optimizer_state=t.shard_optimizer_state, powersgd=_powersgd(t))
             self.distributed = True
 
     def _plan_ranks(self) -> None:
@@ -131,10 +132,14 @@ class TorchSteps:
         if not self.distributed:
             self.optimizer = ht.distribute(self.model, self.optimizer, compression=self.training.compression,
                                            backward_passes_per_step=self.k,
-                                           shard_optimizer_state=self.training.shard_optimizer_state)
+                                           shard_optimizer_state=self.training.shard_optimizer_state,
+                                           powersgd=_powersgd(self.training))
             self.distributed = True
 
     def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]:
+        if self.training.compression == "powersgd":
+            # Its part of a checkpoint (Q matrices, the ranks' mean error) loads only into its own optimizer.
+            self._distribute()
         found = ht.load_checkpoint(directory, self.model, self.optimizer, broadcast=broadcast)
         self._distribute()
         return found
@@ -203,3 +208,10 @@ class TorchSteps:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+
+def _powersgd(training) -> Optional[dict]:
+    """distribute()'s PowerSGD settings for the job (None unless its compression is powersgd)."""
+    if training.compression != "powersgd":
+        return None
+    return (training.powersgd or PowerSGDSpec()).model_dump()
