@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from hvdk8s._torch_sharded import storage_bytes
-from hvdk8s.bench.step_rank import Mode, batch
+from hvdk8s.bench.step_rank import Mode, batch, timed
 from hvdk8s.models import build as build_model
 
 # name: (registry model, its arguments, dataset info)
@@ -86,12 +85,7 @@ def main(config: dict) -> None:
         step()
     hook.remove()
     memory = largest_over_ranks(mode, at_update)
-    mode.barrier()
-    start = time.perf_counter()
-    for _ in range(config["steps"]):
-        step()
-    mode.barrier()
-    seconds = (time.perf_counter() - start) / config["steps"]
+    seconds = timed(step, mode, config["steps"])
     if mode.rank == 0:
         with open(config["out"], "w") as f:
             json.dump({"seconds_per_step": seconds, "memory": memory}, f)

@@ -141,18 +141,23 @@ def warmed_step(config: dict, mode: Mode) -> Callable[[], None]:
     return step
 
 
+def timed(step: Callable[[], None], mode: Mode, steps: int) -> float:
+    """Wall seconds per call of `step` over `steps` calls, between two barriers (the same on every rank)."""
+    mode.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    mode.barrier()
+    return (time.perf_counter() - start) / steps
+
+
 def seconds_per_step(config: dict, mode: Mode) -> float:
     """Wall seconds per training step of config's model, between two barriers (the same on every rank)."""
     step = warmed_step(config, mode)
     if config.get("forever"):
         while True:
             step()
-    mode.barrier()
-    start = time.perf_counter()
-    for _ in range(config["steps"]):
-        step()
-    mode.barrier()
-    return (time.perf_counter() - start) / config["steps"]
+    return timed(step, mode, config["steps"])
 
 
 def take_turns(config: dict, mode: Mode) -> None:

@@ -11,8 +11,7 @@ from pathlib import Path
 import yaml
 
 from hvdk8s import events, tuning
-from hvdk8s.bench.core import Comparison, Row, interleaved
-from hvdk8s.bench.core import BenchError
+from hvdk8s.bench.core import BenchError, Comparison, Row, interleaved
 from hvdk8s.bench.ranks import TIMEOUT, rank_env, run_json
 from hvdk8s.launch import local
 
@@ -30,16 +29,21 @@ def job(quick: bool, directory: Path) -> Path:
     return path
 
 
-def trainer_samples_per_s(job_file: Path, np: int = 2) -> float:
+def last_epoch(job_file: Path, np: int = 2) -> dict:
+    """The last `epoch` event of `hvdk8s train JOB --no-resume` at `np` ranks."""
     token = events.new_token()
     env = rank_env(np, {"HVDK8S_EVENTS": "json", events.TOKEN_ENV: token})
     cmd = local.command([sys.executable, "-m", "hvdk8s", "train", str(job_file), "--no-resume"], np)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    epochs = [e for e in map(lambda line: events.parse(line, token), proc.stdout.splitlines())
-              if e and e["event"] == "epoch"]
+    epochs = [e for e in (events.parse(line, token) for line in proc.stdout.splitlines()) if e and e["event"] == "epoch"]
     if proc.returncode != 0 or not epochs:
-        raise BenchError(f"hvdk8s train failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
-    return epochs[-1]["samples_per_s"]
+        raise BenchError(f"hvdk8s train {job_file.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
+                         f"{proc.stderr[-3000:]}")
+    return epochs[-1]
+
+
+def trainer_samples_per_s(job_file: Path, np: int = 2) -> float:
+    return last_epoch(job_file, np)["samples_per_s"]
 
 
 def run(quick: bool) -> Comparison:

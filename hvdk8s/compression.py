@@ -1,23 +1,27 @@
 """Which gradient compression `auto` means, as measured rather than by habit.
 
-fp16 halves the bytes on the wire but adds a cast on each side and an fp16 reduction. It pays where the
-wire is the bottleneck: gradients that cross a network between GPU nodes. Within one node (shared
-memory, NVLink) and on CPUs it costs more than it saves: on 2 CPU ranks, Horovod with fp16 took 1.34x
-as long per step as without (`hvdk8s bench --only knobs`; about 2x in earlier measurements by hand).
+fp16 halves the bytes on the wire but adds a cast on each side and an fp16 reduction. Within one node
+(shared memory) it costs more than it saves: on 2 CPU ranks of one host, Horovod with fp16 took 1.34x as
+long per step as without (`hvdk8s bench --only knobs`). Across nodes it pays: 2 emulated nodes on TCP
+links (`hvdk8s bench --only network`, 29.4M-parameter MLP, CPU ranks) stepped in 0.65x the time at
+1 Gbit/s, 0.94x at 10 Gbit/s and 0.75x unshaped (docs/performance.md). So `auto` is fp16 wherever the
+job spans more than one node: for GPU jobs as before (NCCL's fp16 allreduce across nodes), and now for
+CPU jobs too.
 
 powersgd (PyTorch) sends low-rank factors of each weight's gradient with error feedback
-(hvdk8s/_torch_powersgd.py): chosen by the job, never by `auto`, until a measurement on slow links says
-where it pays.
+(hvdk8s/_torch_powersgd.py): chosen by the job, never by `auto`: it paid only on the slowest link
+measured (0.48x at 1 Gbit/s, but 2.0x at 10 Gbit/s, where its factorizations cost more CPU than the
+wire saved), and it changes what the model learns (docs/training.md).
 """
 from __future__ import annotations
 
 CHOICES = ("auto", "fp16", "none", "powersgd")
 
 
-def resolve(choice: str, *, on_gpu: bool, nodes: int) -> str:
-    """'fp16', 'none' or 'powersgd' for a job's `training.compression` on this placement."""
+def resolve(choice: str, *, nodes: int) -> str:
+    """'fp16', 'none' or 'powersgd' for a job's `training.compression` on `nodes` nodes."""
     if choice not in CHOICES:
         raise ValueError(f"compression must be one of {', '.join(CHOICES)}, got {choice!r}")
     if choice != "auto":
         return choice
-    return "fp16" if on_gpu and nodes > 1 else "none"
+    return "fp16" if nodes > 1 else "none"

@@ -104,9 +104,8 @@ def verbose() -> int:
 
 
 def resolve_compression(choice: str = "auto") -> str:
-    """'fp16' or 'none': `auto` is fp16 only for GPU jobs that span more than one node."""
-    return _compression.resolve(choice, on_gpu=bool(tf.config.list_logical_devices("GPU")),
-                                        nodes=hvd.cross_size())
+    """'fp16' or 'none': `auto` is fp16 for jobs that span more than one node (hvdk8s.compression)."""
+    return _compression.resolve(choice, nodes=hvd.cross_size())
 
 
 def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_step: int = 1) -> float:

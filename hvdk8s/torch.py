@@ -86,8 +86,8 @@ def device() -> torch.device:
 
 
 def resolve_compression(choice: str = "auto") -> str:
-    """'fp16', 'none' or 'powersgd': `auto` is fp16 only for GPU jobs that span more than one node."""
-    return _compression.resolve(choice, on_gpu=torch.cuda.is_available(), nodes=hvd.cross_size())
+    """'fp16', 'none' or 'powersgd': `auto` is fp16 for jobs that span more than one node (hvdk8s.compression)."""
+    return _compression.resolve(choice, nodes=hvd.cross_size())
 
 
 def scaled_learning_rate(base: float, rule: str = "linear", backward_passes_per_step: int = 1) -> float:

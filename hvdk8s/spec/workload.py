@@ -226,8 +226,8 @@ class TrainingSpec(StrictModel):
     warmup_epochs: float = Field(default=0.0, ge=0.0, le=1_000_000, allow_inf_nan=False,
                                  description="epochs over which the rate ramps from learning_rate to its scaled value")
     compression: Compression = Field(
-        default="auto", description="gradient compression: auto picks fp16 only where gradients cross a "
-                                    "network between GPU nodes; powersgd (PyTorch) sends low-rank factors with "
+        default="auto", description="gradient compression: auto picks fp16 where gradients cross a "
+                                    "network between nodes; powersgd (PyTorch) sends low-rank factors with "
                                     "error feedback")
     powersgd: Optional[PowerSGDSpec] = Field(default=None, description="PowerSGD's settings, with compression: "
                                                                        "powersgd (default: rank 4)")

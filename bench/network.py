@@ -1,0 +1,110 @@
+"""12. Training across slow links, emulated on this machine (hvdk8s.bench.netns): 2 "nodes" (network
+namespaces on a bridge, each link shaped with tbf) x 1 rank, and x 2 ranks at 1 Gbit/s in the full run
+(fast inside a node, the shaped link between), training a 29.4M-parameter MLP (0.8M with --quick): hvdk8s.torch with
+compression none, fp16 and PowerSGD (rank 4), against torch DDP (gloo) with no hook, its fp16 hook and its
+PowerSGD hook (rank 4), per link rate.
+
+- `network`: ms per step, per link rate (a group each), ratios against hvdk8s uncompressed on that link;
+  each row's extra holds the gradient bytes a rank sends per step.
+
+hvdk8s's ranks start through mpirun, whose rsh agent enters each node's namespace; DDP's through one
+torchrun per node. Interleaved and repeated: the shaping moves no CPU time, but the 2-core machine's noise
+does, so only ratios within one link rate mean anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hvdk8s.bench import netns
+from hvdk8s.bench.core import BenchError, Comparison, Row, interleaved
+from hvdk8s.bench.ranks import TIMEOUT, rank_env
+from hvdk8s.launch import local
+
+RANK = "hvdk8s.bench.network_rank"
+CONFIGS = {"hvdk8s": ("hvdk8s", "none"), "hvdk8s fp16": ("hvdk8s", "fp16"), "hvdk8s powersgd": ("hvdk8s", "powersgd"),
+           "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd")}
+LINKS_GBIT = (None, 10.0, 1.0)  # None: unshaped (veth copies, several Gbit/s here)
+PORT = 29677
+
+
+def _link_label(gbit) -> str:
+    return "unshaped" if gbit is None else f"{gbit:g} Gbit/s"
+
+
+def _run(nodes: list[netns.Node], per_node: int, agent: Path, mode: str, config: dict) -> dict:
+    np = len(nodes) * per_node
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        threads = max(1, (os.cpu_count() or 1) // np)  # every rank shares this one machine's cores
+        program = [sys.executable, "-m", RANK, json.dumps({**config, "out": str(out), "threads": threads})]
+        env = {**rank_env(np, {"OMP_NUM_THREADS": str(threads)}, mode), "GLOO_SOCKET_IFNAME": "eth0"}
+        subnet = nodes[0].address.rsplit(".", 1)[0] + ".0/24"
+        if mode == "hvdk8s":
+            cmd = [local.mpirun(), "-np", str(np), "-H", ",".join(f"{n.address}:{per_node}" for n in nodes),
+                   "-bind-to", "none", "-map-by", "slot", "-mca", "plm_rsh_agent", str(agent),
+                   "-mca", "oob_tcp_if_include", subnet, "-mca", "btl_tcp_if_include", subnet,
+                   "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp", *program]
+            procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+        else:
+            procs = []
+            for i, node in enumerate(nodes):
+                torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
+                            f"--nproc-per-node={per_node}", f"--node-rank={i}", f"--master-addr={nodes[0].address}",
+                            f"--master-port={PORT}", *program[1:]]
+                procs.append(subprocess.Popen(["ip", "netns", "exec", node.name, *torchrun], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outputs = []
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=TIMEOUT))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                raise BenchError(f"{mode} x{np} across emulated nodes: no end after {TIMEOUT}s")
+        if any(p.returncode for p in procs) or not out.exists():
+            said = "".join(o + e for o, e in outputs)
+            raise BenchError(f"{mode} x{np} {config['compression']} across emulated nodes failed "
+                             f"({[p.returncode for p in procs]}):\n{said[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def run(quick: bool) -> Comparison:
+    why = netns.missing()
+    if why:
+        raise BenchError(f"network: the emulated network {why}")
+    model, steps, repeats = ("mlp", 3, 1) if quick else ("mlp-30m", 5, 2)
+    # ranks per node: the link rates each runs at (2 per node: 4 ranks on this machine's 2 cores, at the
+    # slowest link only, where the network matters most)
+    shapes = {1: (1.0,)} if quick else {1: LINKS_GBIT, 2: (1.0,)}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-netns-") as tmp, netns.emulated_nodes(2) as nodes:
+        agent = netns.agent_script(nodes, Path(tmp))
+        for per_node, links in shapes.items():
+            for gbit in links:
+                netns.shape(nodes, gbit)
+                sent = {}
+
+                def measure(label, per_node=per_node):
+                    mode, compression = CONFIGS[label]
+                    result = _run(nodes, per_node, agent, mode, {"mode": mode, "compression": compression, "rank": 4,
+                                                                  "model": model, "batch": 32, "steps": steps})
+                    sent[label] = result["sent_bytes"]
+                    return 1000 * result["seconds_per_step"]
+
+                samples = interleaved({label: (lambda label=label: measure(label)) for label in CONFIGS}, repeats)
+                group = f"2 nodes x {per_node}, {_link_label(gbit)}"
+                rows += [Row(config=label, group=group, samples=s, x=gbit or 0.0,
+                             extra={"sent_MB_per_step": sent[label] / 1e6}) for label, s in samples.items()]
+    return Comparison("network", f"Across emulated slow links: 2 nodes, {'0.8M' if quick else '29.4M'}-parameter "
+                                 "MLP, step time by compression, hvdk8s vs torch DDP hooks", "ms/step",
+                      higher_is_better=False, baseline="hvdk8s", rows=rows,
+                      notes=f"{steps} steps per launch between barriers after 3 warm-up steps, {repeats} "
+                            "interleaved launches per configuration. Links shaped with tc tbf on both veth ends "
+                            "(this kernel has no netem: rate only, no added delay). PowerSGD rank 4 from the "
+                            "first step (hvdk8s) / the third (DDP's hook needs start_powerSGD_iter > 1). "
+                            "extra.sent_MB_per_step: gradient bytes a rank hands to the allreduce per step.")
