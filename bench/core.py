@@ -16,6 +16,10 @@ class BenchError(RuntimeError):
     with it, exit 1."""
 
 
+class CannotRunHere(RuntimeError):
+    """A benchmark this machine cannot run (the message says what it lacks): skipped, the others run."""
+
+
 @dataclass
 class Row:
     config: str                     # what was measured, e.g. "hvdk8s" or "ddp, contended"

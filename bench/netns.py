@@ -119,7 +119,7 @@ def agent_script(nodes: list[Node], directory: Path) -> Path:
     cases = "\n".join(f'  {n.address}) ns={n.name} ;;' for n in nodes)
     path = directory / "netns-agent.sh"
     path.write_text(f"""#!/bin/sh
-# mpirun's rsh agent for the emulated nodes (hvdk8s/bench/netns.py)
+# mpirun's rsh agent for the emulated nodes (bench/netns.py in the hvdk8s source)
 while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done
 host=$1; shift
 case $host in

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hvdk8s.bench import netns
-from hvdk8s.bench.core import BenchError, Comparison, Row, interleaved
+from hvdk8s.bench.core import BenchError, CannotRunHere, Comparison, Row, interleaved
 from hvdk8s.bench.ranks import TIMEOUT, rank_env
 from hvdk8s.launch import local
 
@@ -76,7 +76,7 @@ def _run(nodes: list[netns.Node], per_node: int, agent: Path, mode: str, config:
 def run(quick: bool) -> Comparison:
     why = netns.missing()
     if why:
-        raise BenchError(f"network: the emulated network {why}")
+        raise CannotRunHere(f"the emulated network {why}")
     model, steps, repeats = ("mlp", 3, 1) if quick else ("mlp-30m", 5, 2)
     # ranks per node: the link rates each runs at (2 per node: 4 ranks on this machine's 2 cores, at the
     # slowest link only, where the network matters most)

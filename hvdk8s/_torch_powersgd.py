@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Optional
+import time
+from typing import Any
 
 import horovod.torch as hvd
 import torch
+
+from hvdk8s import metrics as _metrics
 
 DEFAULT_RANK = 4
 DEFAULT_START_STEP = 10
@@ -98,9 +101,12 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
     # --- the gradients --------------------------------------------------------------------------
 
     def _allreduce(self, flat: torch.Tensor, what: str) -> torch.Tensor:
+        """The ranks' average of `flat`; its wait counted as the step's allreduce wait (metrics)."""
         if hvd.size() == 1:
             return flat
+        began = time.perf_counter()
         out = hvd.allreduce(flat, op=hvd.Average, name=f"{self._prefix}.{what}")
+        _metrics.current().allreduce_wait(time.perf_counter() - began)
         return out
 
     def synchronize(self) -> None:

@@ -236,7 +236,8 @@ class _ReduceInApply(_Distributed):
 
 def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, compression: str = "auto",
                backward_passes_per_step: int = 1, op=None, root_rank: int = 0, broadcast: bool = True,
-               shard_optimizer_state: int = 0, **horovod_options: Any) -> keras.optimizers.Optimizer:
+               shard_optimizer_state: int = 0, powersgd: Optional[dict] = None,
+               **horovod_options: Any) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (same class, settings and state) whose updates use gradients averaged over
     all ranks; if `model` is built, root_rank's model variables and optimizer state are broadcast now
     (broadcast=False: not; elastic training's `ElasticState` syncs the ranks instead).
@@ -245,9 +246,11 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
     per update (Keras 3's gradient_accumulation_steps). Other keyword arguments (prescale_factor,
     postscale_factor, process_set) go to horovod.tensorflow.grouped_allreduce. A LossScaleOptimizer is
     distributed as a whole (allreduce before its finiteness check); its inner optimizer stays plain.
-    shard_optimizer_state: 0 only, for now (sharding is in hvdk8s.torch)."""
+    shard_optimizer_state: 0 only, and powersgd None, for now (both are in hvdk8s.torch)."""
     if shard_optimizer_state:
         raise ValueError("shard_optimizer_state: not yet available in hvdk8s.tensorflow (hvdk8s.torch has it)")
+    if powersgd is not None:
+        raise ValueError("powersgd: not yet available in hvdk8s.tensorflow (hvdk8s.torch has it)")
     dist = distributed_optimizer(optimizer, {"compression": compression, "op": op, **horovod_options},
                                  backward_passes_per_step, model.trainable_variables)
     if model.built and broadcast:

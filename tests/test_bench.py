@@ -197,3 +197,27 @@ def test_the_gpu_check_runs_dry_on_cpu_and_records_its_provenance(tmp_path):
     assert rows == {("resnet", c) for c in ("plain", "horovod", "hvdk8s, tuning none", "hvdk8s, tuning shared-cpu")}
     assert result["machine"]["tuning"] == "shared-cpu" and result["machine"]["commit"]
     assert {"horovod", "torch", "tensorflow"} <= set(result["machine"])
+
+
+def test_a_benchmark_this_machine_cannot_run_is_skipped_and_the_others_run(tmp_path, monkeypatch):
+    """`network` needs root; without it `hvdk8s bench` says why it skipped it and runs the rest. (This
+    machine runs as root, so the condition is made here: a benchmark of this module that cannot run.)"""
+    from hvdk8s.bench import run as bench_run
+
+    monkeypatch.setitem(bench_run.BENCHMARKS, "cannot", ("test_bench:_cannot_run_here", "needs what is missing"))
+    monkeypatch.setitem(bench_run.BENCHMARKS, "can", ("test_bench:_runs_anywhere", "runs"))
+    said = []
+    results = bench_run.run(["cannot", "can"], True, tmp_path, said.append)
+    assert [c.name for c in results] == ["can"]
+    assert "cannot: skipped: needs a thing this machine lacks" in said and "can: done in 0s" in said, said
+    assert "## one" in (tmp_path / "README.md").read_text()
+
+
+def _cannot_run_here(quick):
+    from hvdk8s.bench.core import CannotRunHere
+
+    raise CannotRunHere("needs a thing this machine lacks")
+
+
+def _runs_anywhere(quick):
+    return Comparison("can", "one", "ms", False, "a", [Row("a", [1.0])])

@@ -1,4 +1,4 @@
-"""The emulated cluster network of `hvdk8s bench --only network` (hvdk8s/bench/netns.py): nodes as network
+"""The emulated cluster network of `hvdk8s bench --only network` (bench/netns.py): nodes as network
 namespaces on a bridge, links shaped by tc, ranks started in them by mpirun through its rsh agent."""
 from __future__ import annotations
 
