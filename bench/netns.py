@@ -75,8 +75,9 @@ def emulated_nodes(count: int, tag: Optional[str] = None) -> Iterator[list[Node]
     why = missing()
     if why:
         raise BenchError(f"the emulated network {why}")
-    tag = tag or f"{os.getpid() % 10000}x{next(_sets)}"
-    subnet_id = (os.getpid() + 7 * next(_sets)) % 200 + 20
+    serial = next(_sets)
+    tag = tag or f"{os.getpid() % 10000}x{serial}"
+    subnet_id = (os.getpid() + 7 * serial) % 200 + 20
     bridge = f"hvbr{tag}"
     nodes = [Node(f"hvdk8s-n{i}-{tag}", f"10.77.{subnet_id}.{i + 1}", f"hvv{i}-{tag}") for i in range(count)]
     made: list[tuple[str, ...]] = []  # how to remove each thing made, newest last

@@ -17,11 +17,13 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from hvdk8s._torch_powersgd import should_compress
 from hvdk8s.bench.sharded_rank import MODELS
 from hvdk8s.bench.step_rank import Mode, batch, timed
 from hvdk8s.models import build as build_model
 
 WARMUP = 3
+DDP_MIN_COMPRESSION_RATE = 2.0  # as hvdk8s's default
 
 
 def sent_bytes(model: torch.nn.Module, compression: str, rank: int, optimizer=None) -> int:
@@ -33,10 +35,11 @@ def sent_bytes(model: torch.nn.Module, compression: str, rank: int, optimizer=No
     if optimizer is not None and hasattr(optimizer, "matrices"):  # hvdk8s's: exactly what it compresses
         matrices = optimizer.matrices.values()
         return 4 * (sum((m.rows + m.cols) * m.rank for m in matrices) + sum(p.numel() for p in optimizer.whole))
-    total = 0  # DDP's hook compresses each bucket's matrices the same way (rank-r factors, vectors whole)
+    total = 0  # DDP's hook decides per matrix by the same rule (rank-r factors 2x smaller), vectors whole
     for p in params:
         rows, cols = (p.shape[0], p.numel() // p.shape[0]) if p.dim() >= 2 else (0, 0)
-        total += (rows + cols) * min(rank, rows, cols) if p.dim() >= 2 else p.numel()
+        squeezed = p.dim() >= 2 and should_compress(rows, cols, rank, DDP_MIN_COMPRESSION_RATE)
+        total += (rows + cols) * min(rank, rows, cols) if squeezed else p.numel()
     return 4 * total
 
 
@@ -66,7 +69,7 @@ def main(config: dict) -> None:
         elif compression == "powersgd":
             # Error feedback and warm start need start_powerSGD_iter > 1: plain allreduce for the warm-up.
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                                start_powerSGD_iter=2, min_compression_rate=2.0)
+                                                start_powerSGD_iter=2, min_compression_rate=DDP_MIN_COMPRESSION_RATE)
             forward.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     x, y = (t.to(mode.device) for t in batch("mlp", config["batch"], info))
 

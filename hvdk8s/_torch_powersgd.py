@@ -256,6 +256,3 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
         for m in self.matrices.values():
             m.q = m._fresh_q()
             m.error = torch.zeros_like(m.error)
-
-    def drop_step(self) -> None:
-        self.zero_grad()
