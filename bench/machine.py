@@ -44,8 +44,21 @@ def _mpirun_version() -> str | None:
     return out.splitlines()[0].strip() if out else None
 
 
+def _gpu() -> str | None:
+    """The GPUs nvidia-smi lists (name, driver), or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "; ".join(line.strip() for line in out.splitlines() if line.strip()) or None
+
+
 def _commit() -> str | None:
-    """The repository commit of this hvdk8s (an installed copy outside a clone has none)."""
+    """The repository commit of this hvdk8s; an installed copy outside a clone has none, unless
+    HVDK8S_COMMIT names it (a copy of the work tree measured on another machine: scripts/gpu-check.sh)."""
+    if os.environ.get("HVDK8S_COMMIT"):
+        return os.environ["HVDK8S_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"], capture_output=True,
@@ -67,7 +80,7 @@ def _tuning() -> str:
 def describe() -> dict:
     return {
         "commit": _commit(), "tuning": _tuning(),
-        "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
+        "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "gpu": _gpu(),
         "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
         "torch": _version("torch"), "tensorflow": _version("tensorflow-cpu") or _version("tensorflow"),
         "keras": _version("keras"), "horovod": _version("horovod"), "mpi": _mpirun_version(),

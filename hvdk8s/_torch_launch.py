@@ -88,13 +88,15 @@ def direct_launch(optimizer) -> Callable:
 
 def self_check(optimizer, launch: Callable, wait: Callable[[dict], None]) -> Optional[str]:
     """Why hvdk8s's `launch` and `wait` (the sleeping wait over a dict like optimizer._handles) may not
-    replace Horovod's for `optimizer`, or None: one one-element gradient allreduced through each of the two
-    launches (a collective: every rank of the optimizer's process set calls this at `distribute`), hvdk8s's
+    replace Horovod's for `optimizer`, or None: one one-element gradient, on the device of the optimizer's
+    parameters, allreduced through each of the two launches (a collective: every rank of the optimizer's process set calls this at `distribute`), hvdk8s's
     waited for by `wait`, both decompressed; their results must be equal, bit for bit."""
     if not optimizer.process_set.included():
         return None  # this rank never allreduces on that set: nothing to check, nothing to use
-    probe = torch.nn.Parameter(torch.zeros(1))
-    value = torch.tensor([float(hvd.rank() + 1) / 3.0])
+    # on the device the gradients live on: a GPU's tensors take Horovod's CUDA enqueue, not the CPU one
+    device = next((p.device for group in optimizer.param_groups for p in group["params"]), torch.device("cpu"))
+    probe = torch.nn.Parameter(torch.zeros(1, device=device))
+    value = torch.tensor([float(hvd.rank() + 1) / 3.0], device=device)
     results = []
     for label, start in (("hvdk8s", launch), ("horovod", optimizer._allreduce_grad_async)):
         optimizer._parameter_names[probe] = f"{_CHECK_NAME}.{label}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shlex
 import shutil
@@ -269,8 +270,25 @@ def test_horovod_build_uses_the_fixes_of_setup_sh(dockerfile, stage):
 
 def test_gpu_horovod_has_nccl_and_cuda(dockerfile):
     env, _, run = horovod_build(dockerfile, "frameworks-gpu")
-    assert env.get("HOROVOD_GPU_OPERATIONS") == "NCCL" and env.get("HOROVOD_CUDA_HOME") == "/usr/local/cuda"
+    assert env.get("HOROVOD_GPU_OPERATIONS") == "NCCL"
+    # nvcc through the C++17 shim: HOROVOD_CUDA_HOME would name nvcc itself and bypass it
+    assert env.get("CUDACXX") == copied_to(dockerfile, "scripts/nvcc17") and "HOROVOD_CUDA_HOME" not in env
+    assert env.get("HVDK8S_REAL_NVCC") == "/usr/local/cuda/bin/nvcc"
+    assert env.get("CUDAToolkit_ROOT") == "/usr/local/cuda"
     assert checked_parts(run) == {"mpi", "gloo", "nccl", "cuda"}
+
+
+@pytest.mark.parametrize("shim, real", [("cxx17", "HVDK8S_REAL_CXX"), ("nvcc17", "HVDK8S_REAL_NVCC")])
+def test_the_compiler_shims_raise_the_standard_and_pass_the_rest(tmp_path, shim, real):
+    """Both shims hand every other argument, spaces and quotes kept, to the compiler they name."""
+    compiler = tmp_path / "compiler"
+    compiler.write_text('#!/bin/sh\nfor a do printf "%s\\n" "$a"; done\n')
+    compiler.chmod(0o755)
+    args = ["-std=c++11", "-Xcompiler", "-fPIC, -O3", 'arch=compute_90,code="sm_90"', "-std=c++14", "x.cu"]
+    out = subprocess.run([str(ROOT / "scripts" / shim), *args], env={**os.environ, real: str(compiler)},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["-std=c++17", "-Xcompiler", "-fPIC, -O3", 'arch=compute_90,code="sm_90"',
+                                "-std=c++17", "x.cu"]
 
 
 # --- the CPU variant (--build-arg DEVICE=cpu): the default image of CPU jobs -------------------------
