@@ -7,7 +7,8 @@
 #   bash scripts/gpu-check.sh WHEELS OUT [gpu_check arguments]
 #
 # WHEELS holds horovod-<version>.tar.gz (or a Horovod wheel built on this machine before) and wheels of
-# hvdk8s's requirements the machine lacks (pydantic and its own); OUT receives the report and build log.
+# what the machine lacks: hvdk8s's requirements (pydantic and its own) and Horovod's build requirement
+# cffi (with pycparser); OUT receives the report and build log.
 # PYTHON (default python3) is the interpreter that holds torch. Without MPI on the machine, Horovod is
 # built with Gloo only and the check starts its ranks with horovodrun --gloo.
 set -euo pipefail
@@ -92,5 +93,8 @@ fi
 "$PY" -c "import horovod.torch as h; print('gpu-check: horovod', __import__('horovod').__version__, 'nccl', h.nccl_built(), 'mpi', h.mpi_built(), 'gloo', h.gloo_built())"
 
 # --- the check -----------------------------------------------------------------------------------
+# Outside the clone: its hvdk8s/ folder would shadow the installed package (the layout maps bench/,
+# models/, ... into hvdk8s only when installed).
+cd "$WORK"
 "$PY" -m hvdk8s.bench.gpu_check -d "$OUT" "$@"
 echo "gpu-check: done in $(( $(now) - t0 )) s"
