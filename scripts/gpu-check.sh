@@ -31,7 +31,7 @@ NVCC=$(command -v nvcc || true)
 [ -x "$NVCC" ] || { echo "gpu-check: nvcc not found (PATH, /usr/local/cuda/bin)" >&2; exit 2; }
 NVCC=$(readlink -f "$NVCC")
 CUDA_ROOT=$(dirname "$(dirname "$NVCC")")
-CC=${HVDK8S_GPU_CC:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')}
+SM=${HVDK8S_GPU_CC:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '. ')}
 read -r NCCL_INCLUDE NCCL_LIB < <("$PY" - <<'EOF'
 import glob, os
 try:
@@ -49,7 +49,7 @@ mkdir -p "$LINKS"
 for lib in "$NCCL_LIB"/libnccl.so.* "$CUDA_ROOT"/lib64/libcudart.so.* "$CUDA_ROOT"/lib/libcudart.so.*; do
   [ -e "$lib" ] && ln -sf "$lib" "$LINKS/$(basename "$lib" | sed 's/\.so\..*/.so/')"
 done
-echo "gpu-check: nvcc $NVCC ($("$NVCC" --version | tail -n1)), sm_$CC, NCCL $NCCL_INCLUDE $NCCL_LIB"
+echo "gpu-check: nvcc $NVCC ($("$NVCC" --version | tail -n1)), sm_$SM, NCCL $NCCL_INCLUDE $NCCL_LIB"
 "$PY" -c "import torch; print('gpu-check: torch', torch.__version__, 'CUDA', torch.version.cuda,
                         torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU visible')"
 
@@ -73,12 +73,12 @@ else
   if command -v mpicxx >/dev/null; then mpi=(HOROVOD_WITH_MPI=1); else mpi=(HOROVOD_WITHOUT_MPI=1); fi
   t1=$(now)
   # CUDACXX (not HOROVOD_CUDA_HOME, which would name nvcc itself) is the C++17 shim; CUDAToolkit_ROOT
-  # tells CMake where the toolkit is, since the shim lives elsewhere. sm_$CC only: CUDA 13 refuses
+  # tells CMake where the toolkit is, since the shim lives elsewhere. sm_$SM only (not CC: the C compiler): CUDA 13 refuses
   # Horovod's default list (sm_35 ...).
   if ! env "${mpi[@]}" CUDACXX="$ROOT/scripts/nvcc17" HVDK8S_REAL_NVCC="$NVCC" CUDAToolkit_ROOT="$CUDA_ROOT" \
       CUDA_HOME="$CUDA_ROOT" PATH="$CUDA_ROOT/bin:$PATH" CMAKE_LIBRARY_PATH="$LINKS" \
       HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE="$NCCL_INCLUDE" HOROVOD_NCCL_LIB="$LINKS" \
-      HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST="$CC" HOROVOD_WITHOUT_NVTX=1 \
+      HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST="$SM" HOROVOD_WITHOUT_NVTX=1 \
       HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 \
       CXX="$ROOT/scripts/cxx17" CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
       "$PY" -m pip wheel -v --no-index --no-deps --no-build-isolation -w "$WORK/wheel" "$sdist" \
