@@ -80,7 +80,7 @@ else
       HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE="$NCCL_INCLUDE" HOROVOD_NCCL_LIB="$LINKS" \
       HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST="$SM" HOROVOD_WITHOUT_NVTX=1 \
       HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 \
-      CXX="$ROOT/scripts/cxx17" CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
+      CXX="$ROOT/scripts/cxx17" CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string" CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
       "$PY" -m pip wheel -v --no-index --no-deps --no-build-isolation -w "$WORK/wheel" "$sdist" \
       >"$OUT/horovod-build.log" 2>&1; then
     tail -n 40 "$OUT/horovod-build.log" >&2
