@@ -1,8 +1,10 @@
 """The GPU check of the tuning profiles (hvdk8s/tuning.py): on one GPU, a step of hvdk8s.torch under each
 profile against plain PyTorch and raw Horovod, for ResNet-20 and the Transformer, a few hundred steps per
 launch, interleaved and repeated; that Horovod's collectives run on NCCL there; the ratios printed (and,
-with -d, written as a report). Until it has run on a GPU, `auto` is `none` for GPU jobs.
+with -d, written as a report). `auto` is `none` for GPU jobs: on one H200 `shared-cpu` gained nothing
+(bench/results/experiments.md#gpu-check).
 
+    bash scripts/gpu-check.sh WHEELS OUT [args]    # on a GPU machine: Horovod with NCCL built first
     python -m hvdk8s.bench.gpu_check [--steps 300] [--repeats 3] [-d DIR]
     python -m hvdk8s.bench.gpu_check --dry-run    # no GPU: the same code path, 2 steps of ResNet-20 on CPU (CI)
 """
