@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from hvdk8s import compression
 from hvdk8s.core import layout, safeyaml
 from hvdk8s.core.atomic import atomic_write_all, fsync_dir
 from hvdk8s.core.errors import UserError
@@ -62,8 +63,22 @@ def job_configmap(spec: JobSpec, files: Mapping[str, str] = {}) -> dict[str, Any
         raise ValueError(f"entrypoint.script: the text of {e.script_name} is needed to carry it in the ConfigMap")
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _metadata(spec, f"{spec.name}-job"),
-            # As the ranks must read it on a cluster: what the file leaves to the back end decided (metrics on).
-            "data": {"job.yaml": dump_job(with_backend_defaults(spec, cluster=True)), **dict(sorted(files.items()))}}
+            # As the ranks must read it on a cluster: what the file leaves to the back end decided (metrics on,
+            # the compression `auto` picks).
+            "data": {"job.yaml": dump_job(handed_to_ranks(spec)), **dict(sorted(files.items()))}}
+
+
+def handed_to_ranks(spec: JobSpec) -> JobSpec:
+    """The job as its ranks read it from the ConfigMap: the back end's defaults, and `compression: auto`
+    resolved as the ranks would resolve it (fp16 across more than one worker: each worker pod is a host
+    to Horovod), so the YAML shows what the job runs with. An elastic job keeps `auto`: its worker count
+    changes while it runs, and the ranks resolve it at each start."""
+    handed = with_backend_defaults(spec, cluster=True)
+    t = handed.training
+    if t.compression != "auto" or t.elastic is not None:
+        return handed
+    chosen = compression.resolve("auto", nodes=plan(spec.resources).workers)
+    return handed.model_copy(update={"training": t.model_copy(update={"compression": chosen})})
 
 
 def mpijob(spec: JobSpec) -> dict[str, Any]:

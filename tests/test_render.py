@@ -135,6 +135,21 @@ def test_one_node_of_eight_gpus():
     assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env_of(containers(job, "Launcher")[0])
 
 
+@pytest.mark.parametrize("overrides, shown", [
+    ((), "fp16"),  # the cpu case: 2 workers, so Horovod's cross_size is 2
+    (("resources.workers=1",), "none"),
+    (("resources.workers=2", "training.compression=none"), "none"),  # a choice the file makes stays
+    (("training.elastic.min_workers=1", "training.elastic.max_workers=2"), "auto"),  # resolved at each start
+])
+def test_the_configmap_shows_the_compression_auto_picks(overrides, shown):
+    spec = load_job(GOLDEN / "cpu" / "job.yaml", list(overrides))
+    handed = yaml.safe_load(rendered("cpu", *overrides)["configmap"]["data"]["job.yaml"])
+    assert handed["training"]["compression"] == shown
+    if shown != "auto":  # what the ranks' own resolution (hvdk8s.compression, cross_size = workers) gives
+        from hvdk8s import compression
+        assert shown == compression.resolve(spec.training.compression, nodes=spec.resources.workers or 1)
+
+
 def test_cpu_job_uses_ranks_per_worker_and_no_gpu_or_nccl():
     job = job_of("cpu")
     assert job["spec"]["slotsPerWorker"] == 4 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
@@ -595,6 +610,8 @@ def test_the_configmap_carries_the_job_file_that_trains():
     out = rendered("gpu-4x8-rdma")
     carried = yaml.safe_load(out["configmap"]["data"]["job.yaml"])
     spec = with_backend_defaults(load_job(GOLDEN / "gpu-4x8-rdma" / "job.yaml"), cluster=True)
+    assert spec.training.compression == "auto" and carried["training"]["compression"] == "fp16"  # 4 nodes
+    carried["training"]["compression"] = "auto"
     assert spec.model_dump(mode="json") == carried and carried["observability"]["metrics"]["enabled"] is True
 
 
