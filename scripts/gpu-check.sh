@@ -72,19 +72,15 @@ else
   sdist=$(ls "$WHEELS"/horovod-*.tar.gz | head -n1)
   if command -v mpicxx >/dev/null; then mpi=(HOROVOD_WITH_MPI=1); else mpi=(HOROVOD_WITHOUT_MPI=1); fi
   t1=$(now)
-  # GCC 13 no longer includes these through other headers, and Horovod 0.28.1's rely on it
-  # (group_table.h: std::string; common.h: std::logic_error; measured with GCC 13.3).
-  GCC13_INCLUDES=$(printf -- '-include %s ' cstdint string stdexcept limits memory algorithm functional \
-    unordered_map vector cstring array mutex atomic chrono)
   # CUDACXX (not HOROVOD_CUDA_HOME, which would name nvcc itself) is the C++17 shim; CUDAToolkit_ROOT
-  # tells CMake where the toolkit is, since the shim lives elsewhere. sm_$SM only (not CC: the C compiler): CUDA 13 refuses
-  # Horovod's default list (sm_35 ...).
+  # tells CMake where the toolkit is, since the shim lives elsewhere. sm_$SM only: CUDA 13 refuses
+  # Horovod's default list (sm_35 ...). (SM, not CC: the C compiler's variable, set there.)
   if ! env "${mpi[@]}" CUDACXX="$ROOT/scripts/nvcc17" HVDK8S_REAL_NVCC="$NVCC" CUDAToolkit_ROOT="$CUDA_ROOT" \
       CUDA_HOME="$CUDA_ROOT" PATH="$CUDA_ROOT/bin:$PATH" CMAKE_LIBRARY_PATH="$LINKS" \
       HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE="$NCCL_INCLUDE" HOROVOD_NCCL_LIB="$LINKS" \
       HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST="$SM" HOROVOD_WITHOUT_NVTX=1 \
       HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 \
-      CXX="$ROOT/scripts/cxx17" CXXFLAGS="${CXXFLAGS:-} $GCC13_INCLUDES" CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
+      CXX="$ROOT/scripts/cxx17" CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
       "$PY" -m pip wheel -v --no-index --no-deps --no-build-isolation -w "$WORK/wheel" "$sdist" \
       >"$OUT/horovod-build.log" 2>&1; then
     tail -n 40 "$OUT/horovod-build.log" >&2
