@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from hvdk8s._torch_powersgd import should_compress
+from hvdk8s.compression import should_compress
 from hvdk8s.bench.sharded_rank import MODELS
 from hvdk8s.bench.step_rank import Mode, batch, timed
 from hvdk8s.models import build as build_model

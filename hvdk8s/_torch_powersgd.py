@@ -32,10 +32,12 @@ import horovod.torch as hvd
 import torch
 
 from hvdk8s import metrics as _metrics
+from hvdk8s.compression import (POWERSGD_MIN_COMPRESSION_RATE, POWERSGD_RANK, POWERSGD_START_STEP,
+                                should_compress)
 
-DEFAULT_RANK = 4
-DEFAULT_START_STEP = 10
-DEFAULT_MIN_COMPRESSION_RATE = 2.0
+DEFAULT_RANK = POWERSGD_RANK
+DEFAULT_START_STEP = POWERSGD_START_STEP
+DEFAULT_MIN_COMPRESSION_RATE = POWERSGD_MIN_COMPRESSION_RATE
 _names = itertools.count()
 
 
@@ -60,11 +62,6 @@ class _Matrix:
         """A Q of zeros (a gradient that was all zeros, e.g. a frozen step) would keep P = M Q at zero forever."""
         if not torch.isfinite(self.q).all() or not self.q.abs().sum():
             self.q = self._fresh_q()
-
-
-def should_compress(rows: int, cols: int, rank: int, min_rate: float) -> bool:
-    """Compressed when rank-r factors are at least `min_rate` times smaller than the matrix (as DDP's hook)."""
-    return (rows + cols) * min(rank, rows, cols) * min_rate <= rows * cols
 
 
 class PowerSGDOptimizer(torch.optim.Optimizer):

@@ -8,14 +8,16 @@ links (`hvdk8s bench --only network`, 29.4M-parameter MLP, CPU ranks) stepped in
 job spans more than one node: for GPU jobs as before (NCCL's fp16 allreduce across nodes), and now for
 CPU jobs too.
 
-powersgd (PyTorch) sends low-rank factors of each weight's gradient with error feedback
-(hvdk8s/_torch_powersgd.py): chosen by the job, never by `auto`: it paid only on the slowest link
+powersgd sends low-rank factors of each weight's gradient with error feedback
+(hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py): chosen by the job, never by `auto`: it paid only on the slowest link
 measured (0.48x at 1 Gbit/s, but 2.0x at 10 Gbit/s, where its factorizations cost more CPU than the
 wire saved), and it changes what the model learns (docs/training.md).
 """
 from __future__ import annotations
 
 CHOICES = ("auto", "fp16", "none", "powersgd")
+# PowerSGD's settings when a job or a distribute() call leaves them out (both frameworks)
+POWERSGD_RANK, POWERSGD_START_STEP, POWERSGD_MIN_COMPRESSION_RATE = 4, 10, 2.0
 
 
 def resolve(choice: str, *, nodes: int) -> str:
@@ -25,3 +27,9 @@ def resolve(choice: str, *, nodes: int) -> str:
     if choice != "auto":
         return choice
     return "fp16" if nodes > 1 else "none"
+
+
+def should_compress(rows: int, cols: int, rank: int, min_rate: float) -> bool:
+    """PowerSGD compresses a gradient seen as a rows x cols matrix when its rank-r factors are at least
+    `min_rate` times smaller than it (as DDP's hook decides); both frameworks' PowerSGD use this rule."""
+    return (rows + cols) * min(rank, rows, cols) * min_rate <= rows * cols

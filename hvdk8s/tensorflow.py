@@ -47,8 +47,8 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvdk8s import (_adapter, checkpoint as _checkpoint, compression as _compression, metrics as _metrics,
-                    precision as _precision)
+from hvdk8s import (_adapter, _tf_powersgd, checkpoint as _checkpoint, compression as _compression,
+                    metrics as _metrics, precision as _precision)
 from hvdk8s._adapter import CONTRACT
 from hvdk8s.schedule import warmup_lr
 
@@ -118,9 +118,9 @@ def compressor(compression: Any = "auto"):
     (`horovod.tensorflow.Compression.fp16`, or any class with compress/decompress)."""
     if hasattr(compression, "compress") and hasattr(compression, "decompress"):
         return compression
-    if compression == "powersgd":
-        raise ValueError(f"compression 'powersgd' is not yet available under TensorFlow (PyTorch only); "
-                         f"choose one of {', '.join(['auto', *_COMPRESSORS])}")
+    if compression == "powersgd":  # it keeps state per variable: the optimizer's, not one allreduce's
+        raise ValueError(f"compression 'powersgd' is an optimizer's (hvdk8s.tensorflow.distribute), not one "
+                         f"allreduce's; here choose one of {', '.join(['auto', *_COMPRESSORS])}")
     return _COMPRESSORS[resolve_compression(compression)]
 
 
@@ -161,8 +161,15 @@ class _Distributed:
         # object.__setattr__: Keras's own would track what is set (ids here) as the optimizer's state.
         object.__setattr__(self, "_hvdk8s_local", self._hvdk8s_local | {id(var)})
 
-    def _hvdk8s_allreduce(self, grads: list, local: Optional[Sequence[bool]] = None) -> list:
-        """GRADS reduced over the ranks, but those LOCAL marks (this rank's own, scaled as Horovod does)."""
+    def _hvdk8s_allreduce(self, grads: list, local: Optional[Sequence[bool]] = None,
+                          variables: Optional[Sequence] = None) -> list:
+        """GRADS (of VARIABLES) reduced over the ranks, but those LOCAL marks (this rank's own, scaled as
+        Horovod does); through PowerSGD where the optimizer compresses so."""
+        if isinstance(self, _tf_powersgd.PowerSGD):
+            if local and any(local):
+                raise ValueError("register_local_var: not with compression 'powersgd' (its error feedback "
+                                 "assumes every gradient is averaged)")
+            return self._hvdk8s_powersgd_reduce(list(grads), variables)
         if not local or not any(local):
             return allreduce_gradients(grads, **self._hvdk8s_reduce)
         if len(local) != len(grads):
@@ -212,9 +219,14 @@ class _ReduceBeforeClip(_Distributed):
         finally:
             self._hvdk8s_in_apply = False
 
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # the variables of the gradients _clip_gradients gets (Keras has dropped those without one)
+        object.__setattr__(self, "_hvdk8s_applied", list(trainable_variables))
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
     def _clip_gradients(self, grads):
         if self._hvdk8s_in_apply:
-            grads = self._hvdk8s_allreduce(list(grads), self._hvdk8s_marks)
+            grads = self._hvdk8s_allreduce(list(grads), self._hvdk8s_marks, getattr(self, "_hvdk8s_applied", None))
         return super()._clip_gradients(grads)
 
 
@@ -228,7 +240,8 @@ class _ReduceInApply(_Distributed):
         grads = list(grads)
         marks = self._hvdk8s_local_marks(grads, trainable_variables)
         present = [i for i, g in enumerate(grads) if g is not None]
-        reduced = self._hvdk8s_allreduce([grads[i] for i in present], marks)
+        variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
+        reduced = self._hvdk8s_allreduce([grads[i] for i in present], marks, [variables[i] for i in present])
         for i, g in zip(present, reduced):
             grads[i] = g
         return super().apply(grads, trainable_variables)
@@ -246,16 +259,23 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
     per update (Keras 3's gradient_accumulation_steps). Other keyword arguments (prescale_factor,
     postscale_factor, process_set) go to horovod.tensorflow.grouped_allreduce. A LossScaleOptimizer is
     distributed as a whole (allreduce before its finiteness check); its inner optimizer stays plain.
-    shard_optimizer_state: 0 only, and powersgd None, for now (both are in hvdk8s.torch)."""
+    compression 'powersgd': low-rank factors with error feedback (hvdk8s._tf_powersgd), `powersgd` its
+    settings ({"rank": 4, "start_step": 10, "min_compression_rate": 2.0}); op Average only, no other
+    Horovod options. shard_optimizer_state: 0 only, for now (hvdk8s.torch has it)."""
     if shard_optimizer_state:
         raise ValueError("shard_optimizer_state: not yet available in hvdk8s.tensorflow (hvdk8s.torch has it)")
-    if powersgd is not None:
-        raise ValueError("powersgd: not yet available in hvdk8s.tensorflow (hvdk8s.torch has it)")
+    if powersgd is not None and not _is_powersgd(compression):
+        raise ValueError("powersgd settings given, but compression is not 'powersgd'")
     dist = distributed_optimizer(optimizer, {"compression": compression, "op": op, **horovod_options},
-                                 backward_passes_per_step, model.trainable_variables)
+                                 backward_passes_per_step, model.trainable_variables,
+                                 powersgd=_tf_powersgd.settings(powersgd) if _is_powersgd(compression) else None)
     if model.built and broadcast:
         broadcast_state(model, dist, root_rank)
     return dist
+
+
+def _is_powersgd(compression: Any) -> bool:
+    return isinstance(compression, str) and compression == "powersgd"
 
 
 class _MicroBatchIterations:
@@ -277,7 +297,8 @@ def _named_like(cls: type, bases: tuple, attrs: Optional[dict] = None) -> type:
 
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, backward_passes_per_step: int = 1,
                           variables: Optional[Sequence] = None, scale_local_gradients: bool = True,
-                          count_micro_batches: bool = False) -> keras.optimizers.Optimizer:
+                          count_micro_batches: bool = False,
+                          powersgd: Optional[dict] = None) -> keras.optimizers.Optimizer:
     """`distribute`'s copy of `optimizer`, without a model: `reduce` holds allreduce_gradients' keyword
     arguments. A built optimizer's state is carried over (built for `variables`, default the ones it was
     built for). scale_local_gradients: whether `register_local_var`'s gradients are divided by the ranks'
@@ -289,14 +310,23 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, b
     if lso and isinstance(optimizer.inner_optimizer, _Distributed):
         raise ValueError("distribute the LossScaleOptimizer, not its inner optimizer: ranks whose gradients "
                          "overflow would skip the inner optimizer's allreduce and the others would wait forever")
-    compressor(reduce.get("compression", "auto"))  # a bad choice fails here, not at the first step
     options = {k: v for k, v in reduce.items() if k not in ("compression", "op", "sparse_as_dense")}
+    if powersgd is not None:
+        if reduce.get("op") not in (None, hvd.Average) or options:
+            raise ValueError("compression 'powersgd' averages every gradient itself: Horovod's op and options "
+                             f"({', '.join(sorted(options)) or 'op'}) do not apply")
+    else:
+        compressor(reduce.get("compression", "auto"))  # a bad choice fails here, not at the first step
     inspect.signature(hvd.grouped_allreduce).bind([], **options)  # likewise an unknown option
     mixin = _ReduceInApply if lso else _ReduceBeforeClip
+    if powersgd is not None:
+        mixin = (_tf_powersgd.PowerSGD, mixin)
     # The optimizer that accumulates (a LossScaleOptimizer's inner one) is the one whose count Adam reads.
     micro = (_MicroBatchIterations,) if count_micro_batches and backward_passes_per_step > 1 else ()
-    dist_cls = _named_like(type(optimizer), (mixin, *(() if lso else micro)),
-                           {"_hvdk8s_reduce": dict(reduce), "_hvdk8s_scale_local": scale_local_gradients})
+    mixins = mixin if isinstance(mixin, tuple) else (mixin,)
+    dist_cls = _named_like(type(optimizer), (*mixins, *(() if lso else micro)),
+                           {"_hvdk8s_reduce": dict(reduce), "_hvdk8s_scale_local": scale_local_gradients,
+                            "_hvdk8s_powersgd": dict(powersgd or {})})
 
     if lso:
         # Built directly rather than by from_config, which looks the inner class up by its registered
@@ -327,8 +357,9 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, b
 def _state(optimizer: keras.optimizers.Optimizer) -> list:
     """An optimizer's variables but its gradient accumulators (backward_passes_per_step > 1 adds them)."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    accumulators = {id(a) for a in getattr(inner, "_accumulated_gradients", None) or ()}
-    return [v for v in optimizer.variables if id(v) not in accumulators]
+    skipped = {id(a) for a in getattr(inner, "_accumulated_gradients", None) or ()}
+    skipped |= getattr(optimizer, "_hvdk8s_powersgd_variables", frozenset())  # PowerSGD's: not the optimizer's own
+    return [v for v in optimizer.variables if id(v) not in skipped]
 
 
 def _built_for(optimizer: keras.optimizers.Optimizer) -> list:
@@ -421,6 +452,8 @@ def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: k
     ranks do nothing. Returns the path on rank 0, None elsewhere."""
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict, got {type(extra).__name__} (keep is a keyword argument)")
+    if isinstance(optimizer, _tf_powersgd.PowerSGD) and optimizer.built:
+        optimizer.average_errors()  # collective: rank 0's errors become the ranks' mean, the whole state
     if hvd.rank() != 0:
         _metrics.current().checkpointed()  # rank 0 writes it now
         return None
@@ -505,6 +538,8 @@ class ElasticState(VariablesState):
         self._model, self._optimizer = model, optimizer
         super().__init__(list(model.variables) + (list(optimizer.variables) if optimizer is not None else []),
                          **attrs)
+        if isinstance(optimizer, _tf_powersgd.PowerSGD):  # the lost ranks took their errors with them
+            self.register_reset_callbacks([optimizer.reset_compression])
 
 
 def run_elastic(func):

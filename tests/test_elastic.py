@@ -54,11 +54,12 @@ def _held_job(job_file, framework: str, epochs: int, **training) -> Path:
 
 @pytest.mark.ranks
 # PyTorch runs sharded (stage 2), which takes the whole elastic path of an unsharded job and re-shards on
-# top, and with PowerSGD, whose errors and Q matrices are reset at each change; the unsharded PyTorch job
-# loses and regains a worker on the real node (test_cluster_node.py).
+# top, and with PowerSGD, whose errors and Q matrices are reset at each change; TensorFlow with PowerSGD,
+# likewise the whole path of a plain job plus the reset; the unsharded PyTorch job loses and regains a
+# worker on the real node (test_cluster_node.py).
 @pytest.mark.parametrize("framework, training, target", [
-    ("tensorflow", {}, 0.95), ("pytorch", {"shard_optimizer_state": 2}, 0.95),
-    ("pytorch", {"compression": "powersgd"}, 0.93)], ids=["tensorflow", "pytorch-sharded", "pytorch-powersgd"])
+    ("tensorflow", {"compression": "powersgd"}, 0.93), ("pytorch", {"shard_optimizer_state": 2}, 0.95),
+    ("pytorch", {"compression": "powersgd"}, 0.93)], ids=["tensorflow-powersgd", "pytorch-sharded", "pytorch-powersgd"])
 def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, training,
                                                                        target):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it

@@ -89,11 +89,27 @@ def test_distributed_optimizer_keeps_class_settings_and_state():
     assert [v.numpy().tolist() for v in dist.variables[-1:]] == [v.numpy().tolist() for v in opt.variables[-1:]]
 
 
-def test_powersgd_is_refused_under_tensorflow_naming_the_choices():
-    """PowerSGD is PyTorch's only (the job file says so too: test_powersgd.py); a script asking hvdk8s.tensorflow
-    for it hears which compressions there are, not a KeyError."""
+def test_powersgd_is_an_optimizers_not_one_allreduces_naming_the_choices():
+    """PowerSGD keeps state per variable (hvdk8s.tensorflow.distribute has it: test_powersgd_tf.py); a script
+    asking for it as one allreduce's compressor hears which compressions there are, not a KeyError."""
     import hvdk8s.tensorflow as htf
 
-    with pytest.raises(ValueError, match="compression 'powersgd' is not yet available under TensorFlow .* "
-                                         "choose one of auto, fp16, none"):
+    with pytest.raises(ValueError, match="compression 'powersgd' is an optimizer's .* here choose one of auto, "
+                                         "fp16, none"):
         htf.compressor("powersgd")
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"powersgd": {"rank": 2}}, "powersgd settings given, but compression is not 'powersgd'"),
+    ({"compression": "powersgd", "powersgd": {"rnak": 2}}, "powersgd: unknown setting(s) rnak"),
+    ({"compression": "powersgd", "powersgd": {"rank": 0}}, "powersgd rank must be a whole number >= 1"),
+    ({"compression": "powersgd", "prescale_factor": 2.0}, "Horovod's op and options (prescale_factor) do not apply"),
+])
+def test_distribute_names_what_powersgd_cannot_take(kwargs, says):
+    import hvdk8s.tensorflow as htf
+
+    horovod_tf.init()  # (htf.init would set TensorFlow's threads, which this process has started already)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    with pytest.raises(ValueError) as e:
+        htf.distribute(model, keras.optimizers.SGD(0.1), **kwargs)
+    assert says in str(e.value)

@@ -212,7 +212,7 @@ FLOORS: dict[str, tuple[int, str]] = {
     # 3 the renderer and the adapters (hvdk8s.torch, hvdk8s.tensorflow, the Horovod drop-in) and their parts.
     **{f"hvdk8s.{m}": (3, "renderer and adapters") for m in (
         "mpijob", "mpijob.validate", "_adapter", "torch", "tensorflow", "_torch_launch", "_torch_sharded",
-        "_torch_powersgd", "horovod",
+        "_torch_powersgd", "_tf_powersgd", "horovod",
         "checkpoint", "metrics", "tensorboard", "runfiles", "failures", "preflight")},
     # 4 the trainer, the launchers and the benchmarks (which start ranks through the local launcher).
     **{f"hvdk8s.{m}": (4, "trainer, launchers, bench") for m in ("trainer", "launch", "rankmain", "bench")},

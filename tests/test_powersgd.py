@@ -11,8 +11,6 @@ pytestmark = pytest.mark.after_the_node  # its rank tests: the third rank stream
 
 
 @pytest.mark.parametrize("sets, says", [
-    (["training.compression=powersgd", "framework=tensorflow"],
-     "training.compression: powersgd is not yet available for tensorflow"),
     (["training.powersgd={rank: 2}"], "training.powersgd: applies only with training.compression: powersgd"),
     (["training.compression=powersgd", "training.shard_optimizer_state=1"],
      "training.compression: powersgd and training.shard_optimizer_state: one or the other"),

@@ -40,9 +40,6 @@ def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.training.shard_optimizer_state and spec.framework != "pytorch":
         problems.append(("training.shard_optimizer_state", "not yet available for tensorflow (pytorch only); set 0"))
     if spec.training.compression == "powersgd":
-        if spec.framework != "pytorch":
-            problems.append(("training.compression", "powersgd is not yet available for tensorflow (pytorch "
-                                                     "only); choose auto, fp16 or none"))
         if spec.training.shard_optimizer_state:
             problems.append(("training.compression", "powersgd and training.shard_optimizer_state: one or the "
                                                      "other (a sharded optimizer reduce-scatters whole gradients)"))

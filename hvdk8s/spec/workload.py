@@ -176,7 +176,7 @@ class CheckpointSpec(StrictModel):
 
 
 class PowerSGDSpec(StrictModel):
-    """PowerSGD's settings (training.compression: powersgd; hvdk8s/_torch_powersgd.py)."""
+    """PowerSGD's settings (training.compression: powersgd; hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py)."""
 
     rank: int = Field(default=4, ge=1, le=1024, description="columns of the low-rank factors: the bytes sent per "
                                                             "weight matrix are (rows + columns) x rank")
@@ -227,7 +227,7 @@ class TrainingSpec(StrictModel):
                                  description="epochs over which the rate ramps from learning_rate to its scaled value")
     compression: Compression = Field(
         default="auto", description="gradient compression: auto picks fp16 where gradients cross a "
-                                    "network between nodes; powersgd (PyTorch) sends low-rank factors with "
+                                    "network between nodes; powersgd sends low-rank factors with "
                                     "error feedback")
     powersgd: Optional[PowerSGDSpec] = Field(default=None, description="PowerSGD's settings, with compression: "
                                                                        "powersgd (default: rank 4)")
