@@ -90,7 +90,7 @@ def test_distributed_optimizer_keeps_class_settings_and_state():
 
 
 def test_powersgd_is_an_optimizers_not_one_allreduces_naming_the_choices():
-    """PowerSGD keeps state per variable (hvdk8s.tensorflow.distribute has it: test_powersgd_tf.py); a script
+    """PowerSGD keeps state per variable (hvdk8s.tensorflow.distribute has it: test_powersgd.py); a script
     asking for it as one allreduce's compressor hears which compressions there are, not a KeyError."""
     import hvdk8s.tensorflow as htf
 

@@ -1,6 +1,7 @@
-"""PowerSGD gradient compression (training.compression: powersgd): the job file's fields, real Horovod ranks
-(tests/ranks/powersgd.py) against plain averaging and against the algorithm written out, and hvdk8s's
-trainer end to end, resumed at another rank count."""
+"""PowerSGD gradient compression (training.compression: powersgd), both frameworks: the job file's fields,
+real Horovod ranks (tests/ranks/powersgd.py, powersgd_tf.py: the steps traced as model.fit traces them)
+against plain averaging and against the algorithm written out, and hvdk8s's trainer end to end, resumed at
+another rank count. The TensorFlow instances run in the TensorFlow rank stream (their ids name it)."""
 from __future__ import annotations
 
 import pytest
@@ -30,16 +31,20 @@ def test_powersgd_settings_are_printed_with_their_defaults():
     assert "compression: powersgd" in run.stdout and "rank: 2" in run.stdout and "start_step: 10" in run.stdout
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("powersgd")
-    run_ranks("powersgd.py", out)
-    return rank_results(out)
+SCRIPTS = {"pytorch": "powersgd.py", "tensorflow": "powersgd_tf.py"}
+
+
+@pytest.fixture(scope="module", params=list(SCRIPTS))
+def ranks(request, tmp_path_factory):
+    """(framework, each rank's results): tests/ranks/powersgd.py or powersgd_tf.py on 2 real ranks."""
+    out = tmp_path_factory.mktemp(f"powersgd-{request.param}")
+    run_ranks(SCRIPTS[request.param], out)
+    return request.param, rank_results(out)
 
 
 @pytest.mark.ranks
 def test_full_rank_equals_plain_averaging(ranks):
-    for r in ranks:
+    for r in ranks[1]:
         full = r["full_rank"]
         assert full["compressed"] == 3 and full["moved"] > 0.01  # every weight compressed; the steps trained
         assert full["max_abs_diff"] < 1e-6, full
@@ -47,15 +52,15 @@ def test_full_rank_equals_plain_averaging(ranks):
 
 @pytest.mark.ranks
 def test_low_rank_on_2_ranks_equals_the_algorithm_on_the_whole_batch_in_one_process(ranks):
-    for r in ranks:
+    for r in ranks[1]:
         low = r["low_rank"]
         assert low["max_abs_diff"] < 1e-6, low
-        assert low["differs_from_plain"] > 1e-3, low  # rank 2 really compressed
+        assert low["differs_from_plain"] > 1e-3, low  # rank 1 or 2 really compressed
 
 
 @pytest.mark.ranks
 def test_an_fp16_overflow_on_one_rank_skips_the_step_everywhere_and_keeps_the_compression_state(ranks):
-    for r in ranks:
+    for r in ranks[1]:
         o = r["overflow"]
         assert o["applied"] == [False] and o["params_unchanged"], o
         assert o["state_unchanged"] and o["finite_after"] and o["applied_next"] == [True], o
@@ -63,27 +68,35 @@ def test_an_fp16_overflow_on_one_rank_skips_the_step_everywhere_and_keeps_the_co
 
 @pytest.mark.ranks
 def test_a_saved_state_holds_the_ranks_mean_error_and_continues_the_run_exactly(ranks):
-    for r in ranks:
+    framework, results = ranks
+    for r in results:
         resumed = r["resume"]
         assert resumed["steps"] == 4 and resumed["own_errors_differ_from_the_mean"], resumed
         assert resumed["max_abs_diff"] < 1e-6, resumed
-        assert resumed["refused"] == ["the checkpoint's PowerSGD rank is 3, this optimizer's 1"]
+        if framework == "pytorch":  # a state of another rank is refused by name ...
+            assert resumed["refused"] == ["the checkpoint's PowerSGD rank is 3, this optimizer's 1"]
+        else:  # ... or, as any checkpoint that does not fit the optimizer's variables, skipped
+            assert resumed["epoch"] == 4 and not resumed["other_rank_loaded"], resumed
 
 
 @pytest.mark.ranks
-def test_the_trainer_trains_digits_with_powersgd_and_resumes_at_1_rank(tmp_path):
+@pytest.mark.parametrize("framework, trained, resumed", [("pytorch", 0.93, 0.9), ("tensorflow", 0.93, 0.85)])
+def test_the_trainer_trains_digits_with_powersgd_and_resumes_at_1_rank(tmp_path, framework, trained, resumed):
     """Rank 4 (the default) from step 10: digits keeps 98.6% of the uncompressed accuracy (hvdk8s bench
-    --only powersgd_digits); the checkpoint's Q matrices and mean error resume at another rank count."""
+    --only powersgd_digits); the checkpoint's Q matrices and mean error resume at another rank count.
+    (TensorFlow here: 97.5% at 2 ranks in 8 epochs, 96.1% uncompressed; one epoch more at 1 rank 90.5%,
+    uncompressed 96.1 -> 93.3%: the rank count, and with it the rate and the steps, changes.)"""
     ckpt = tmp_path / "ckpt"
-    common = ["--log-format", "json", "--set", "training.compression=powersgd", "--set", f"training.checkpoint.dir={ckpt}"]
+    common = ["--log-format", "json", "--set", f"framework={framework}", "--set", "training.compression=powersgd",
+              "--set", f"training.checkpoint.dir={ckpt}"]
     first = cli("launch", "--local", "-np", "2", DIGITS_JOB, *common, "--set", "training.epochs=8")
     assert first.returncode == 0, first.stdout + first.stderr
     [started], [done] = events_of(first.stdout, "start"), events_of(first.stdout, "done")
     assert started["compression"] == "powersgd", started
-    assert done["test_accuracy"] >= 0.93, done
+    assert done["test_accuracy"] >= trained, done
     second = cli("launch", "--local", "-np", "1", DIGITS_JOB, *common, "--set", "training.epochs=9")
     assert second.returncode == 0, second.stdout + second.stderr
     assert [(e["path"], e["epoch"]) for e in events_of(second.stdout, "resume")] == \
         [(str(ckpt / "epoch-00008.ckpt"), 8)], second.stdout
     [done] = events_of(second.stdout, "done")
-    assert done["test_accuracy"] >= 0.9, done
+    assert done["test_accuracy"] >= resumed, done
