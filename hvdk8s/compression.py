@@ -9,9 +9,9 @@ job spans more than one node: for GPU jobs as before (NCCL's fp16 allreduce acro
 CPU jobs too.
 
 powersgd sends low-rank factors of each weight's gradient with error feedback
-(hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py): chosen by the job, never by `auto`: it paid only on the slowest link
-measured (0.48x at 1 Gbit/s, but 2.0x at 10 Gbit/s, where its factorizations cost more CPU than the
-wire saved), and it changes what the model learns (docs/training.md).
+(hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py): chosen by the job, never by `auto`, because it
+changes what the model learns (docs/training.md), although it paid at every link rate measured (rank 4:
+0.24x at 1 Gbit/s, 0.91x at 10 Gbit/s and unshaped; docs/performance.md).
 """
 from __future__ import annotations
 
