@@ -108,7 +108,8 @@ def test_powersgd_is_an_optimizers_not_one_allreduces_naming_the_choices():
 def test_distribute_names_what_powersgd_cannot_take(kwargs, says):
     import hvdk8s.tensorflow as htf
 
-    horovod_tf.init()  # (htf.init would set TensorFlow's threads, which this process has started already)
+    # No Horovod init in this process: each refusal comes before distribute's first collective, and an
+    # MPI singleton's init would leave PMIx variables in the C environment of every process it starts.
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     with pytest.raises(ValueError) as e:
         htf.distribute(model, keras.optimizers.SGD(0.1), **kwargs)

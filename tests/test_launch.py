@@ -154,3 +154,23 @@ def test_a_hung_or_dead_rank_ends_the_job_within_its_bound(job_file, controller,
                 or "stall" in text.lower()), text
     assert "horovod/runner/" not in text, text  # the launcher's frames; a rank's own traceback may pass
     assert re.search(r"\b1\b", text.split("epoch 1/", 1)[1]), text  # the rank is named
+
+
+@pytest.mark.one_rank
+def test_a_launch_from_a_process_that_initialised_mpi_starts_its_own_job(tmp_path):
+    """A process that ran Horovod's init alone (an MPI singleton: a notebook that called hvd.init()) leaves
+    PMIx's and its job's variables in the environment of everything it starts; a launch from it must not
+    hand them to its mpirun, which then ended at once with status 1 and no word (found in the suite: a
+    test's in-process init broke a later test's launch on the same worker)."""
+    import subprocess
+    import sys
+
+    from conftest import DIGITS_JOB
+
+    parent = ("import subprocess, sys\nimport horovod.torch as hvd\nhvd.init()\n"
+              "sys.exit(subprocess.run([sys.executable, '-m', 'hvdk8s', 'launch', '--local', '-np', '1', "
+              f"{str(DIGITS_JOB)!r}, '--set', 'training.epochs=1', '--log-format', 'json']).returncode)\n")
+    proc = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [done] = events_of(proc.stdout, "done")
+    assert done["epochs"] == 1, done

@@ -101,6 +101,19 @@ def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLE
             *program]
 
 
+# What an MPI process's own job puts in its environment (Open MPI 4.1's singleton init, as Horovod's init in a
+# process started on its own does: PMIx's server and namespace, the ess/pmix components of that job). A
+# launch from such a process (a notebook that ran hvd.init(), then `hvdk8s launch`) inherits them, and its
+# mpirun then ended at once with status 1 and no word: they belong to that job, never to a new one.
+_MPI_JOB_VARIABLES = frozenset({"OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_launch", "OMPI_MCA_orte_ess_num_procs",
+                                "OMPI_MCA_orte_precondition_transports", "OMPI_APP_CTX_NUM_PROCS",
+                                "ORTE_SCHIZO_DETECTION"})
+
+
+def _inherited_mpi_job(name: str) -> bool:
+    return name.startswith("PMIX_") or name in _MPI_JOB_VARIABLES
+
+
 def check_np(spec, np: int) -> None:
     """An elastic job's -np must lie within its bounds (a local worker is one rank)."""
     e = spec.training.elastic
@@ -139,7 +152,7 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
     """The ranks' environment: one share of the cores each, MPI allowed as root, events as JSON, the
     job file, the job file's folder importable (for `factory` paths and scripts' own modules), the
     bound on a hung rank, and the tuning `profile` (the job's resources.tuning) for `np` ranks here."""
-    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not _inherited_mpi_job(k)}
     placement = tuning.Placement(ranks=np, gpus=tuning.gpus_visible(env), elastic=elastic,
                                  library=tuning.local_library())
     profile_env = tuning.profile_env(profile, placement, env)
