@@ -35,9 +35,6 @@ from hvdk8s import metrics as _metrics
 from hvdk8s.compression import (POWERSGD_MIN_COMPRESSION_RATE, POWERSGD_RANK, POWERSGD_START_STEP,
                                 should_compress)
 
-DEFAULT_RANK = POWERSGD_RANK
-DEFAULT_START_STEP = POWERSGD_START_STEP
-DEFAULT_MIN_COMPRESSION_RATE = POWERSGD_MIN_COMPRESSION_RATE
 _names = itertools.count()
 
 
@@ -75,8 +72,8 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
     `synchronize()` averages the gradients (ht.step calls it before unscaling and clipping), `step()`
     synchronizes unless inside `skip_synchronize()`, as Horovod's DistributedOptimizer."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, rank: int = DEFAULT_RANK,
-                 start_step: int = DEFAULT_START_STEP, min_compression_rate: float = DEFAULT_MIN_COMPRESSION_RATE,
+    def __init__(self, optimizer: torch.optim.Optimizer, *, rank: int = POWERSGD_RANK,
+                 start_step: int = POWERSGD_START_STEP, min_compression_rate: float = POWERSGD_MIN_COMPRESSION_RATE,
                  op=None):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"powersgd rank must be a whole number >= 1, got {rank!r}")

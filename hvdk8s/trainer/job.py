@@ -14,6 +14,7 @@ import numpy as np
 
 from hvdk8s.checkpoint import check_writable
 from hvdk8s.core.errors import UserError
+from hvdk8s.spec.workload import PowerSGDSpec
 from hvdk8s.events import Reporter
 from hvdk8s.factories import build_model as from_factory
 from hvdk8s.models import registry
@@ -197,3 +198,10 @@ def build_model(spec: JobSpec, info: dict[str, Any]):
     if spec.model.factory is not None:
         return from_factory(spec.model, spec.framework, info)
     return registry.get(spec.model.name).build(spec.framework, spec.model.args, **info)
+
+
+def powersgd_settings(training) -> Optional[dict]:
+    """distribute()'s PowerSGD settings for the job (None unless its compression is powersgd)."""
+    if training.compression != "powersgd":
+        return None
+    return (training.powersgd or PowerSGDSpec()).model_dump()

@@ -11,9 +11,8 @@ import hvdk8s.tensorflow as htf
 from hvdk8s.data.rankplans import part_bounds, step_counts, unread_after
 from hvdk8s.data.tensorflow import sharded_dataset
 from hvdk8s.spec import JobSpec
-from hvdk8s.spec.workload import PowerSGDSpec
 
-from .job import EpochStats, LRSchedule, Progress, build_model, parameter_digest
+from .job import EpochStats, LRSchedule, Progress, build_model, parameter_digest, powersgd_settings
 
 
 def make_optimizer(t, lr: float) -> keras.optimizers.Optimizer:
@@ -73,10 +72,9 @@ class KerasSteps:
         self.splits, self.seed = splits, t.seed
         self._plan_ranks()
         # Elastic: no broadcast here (nothing before the elastic function may be collective).
-        powersgd = (t.powersgd or PowerSGDSpec()).model_dump() if t.compression == "powersgd" else None
         self.optimizer = htf.distribute(self.model, make_optimizer(t, self.lr.peak), compression=t.compression,
                                         backward_passes_per_step=self.k, broadcast=t.elastic is None,
-                                        powersgd=powersgd)
+                                        powersgd=powersgd_settings(t))
         # Sum of per-sample losses weighted by size / global batch: Horovod's average is the global mean.
         self.tokens = info.get("seq_len", 1) if spec.model.resolved_task == "language_model" else 1
         self.model.compile(optimizer=self.optimizer,

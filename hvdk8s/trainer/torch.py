@@ -14,9 +14,9 @@ from hvdk8s.data.rankplans import unread_after
 from hvdk8s.data.shards import ShardedDataset
 from hvdk8s.data.torch import ShardedLoader
 from hvdk8s.spec import JobSpec
-from hvdk8s.spec.workload import PowerSGDSpec
 
-from .job import EpochStats, LRSchedule, Progress, build_model, parameter_digest
+
+from .job import EpochStats, LRSchedule, Progress, build_model, parameter_digest, powersgd_settings
 
 
 def make_optimizer(t, params, lr: float) -> torch.optim.Optimizer:
@@ -101,7 +101,7 @@ class TorchSteps:
         if t.elastic is not None:  # wrapped now, without a broadcast: the elastic state's sync is the one
             self.optimizer = ht.distribute(self.model, self.optimizer, compression=t.compression,
                                            backward_passes_per_step=self.k, broadcast=False,
-                                           shard_optimizer_state=t.shard_optimizer_state, powersgd=_powersgd(t))
+                                           shard_optimizer_state=t.shard_optimizer_state, powersgd=powersgd_settings(t))
             self.distributed = True
 
     def _plan_ranks(self) -> None:
@@ -133,7 +133,7 @@ class TorchSteps:
             self.optimizer = ht.distribute(self.model, self.optimizer, compression=self.training.compression,
                                            backward_passes_per_step=self.k,
                                            shard_optimizer_state=self.training.shard_optimizer_state,
-                                           powersgd=_powersgd(self.training))
+                                           powersgd=powersgd_settings(self.training))
             self.distributed = True
 
     def load(self, directory: str, broadcast: bool = True) -> tuple[int, dict]:
@@ -208,10 +208,3 @@ class TorchSteps:
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
-
-
-def _powersgd(training) -> Optional[dict]:
-    """distribute()'s PowerSGD settings for the job (None unless its compression is powersgd)."""
-    if training.compression != "powersgd":
-        return None
-    return (training.powersgd or PowerSGDSpec()).model_dump()
