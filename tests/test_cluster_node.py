@@ -422,7 +422,13 @@ def test_an_elastic_job_loses_and_regains_a_worker(node, tmp_path):
         return next((c["type"] for c in conditions if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"), "")
 
     def until(what: str, condition) -> None:  # condition() or the job's end, whichever comes first
-        node.wait_for(what, lambda: condition() or ended(), timeout=300, every=2)
+        try:
+            node.wait_for(what, lambda: condition() or ended(), timeout=300, every=2)
+        except AssertionError as timed_out:  # say what the job did meanwhile, and horovodrun's own word
+            launcher = hvdk8s(node, "logs", "digits-elastic", timeout=60)
+            raise AssertionError(f"{timed_out}: {events()} {unread}\nthe launcher's log (end):\n"
+                                 f"{launcher.stdout[-6000:]}{launcher.stderr[-2000:]}"
+                                 + node.diagnose("default")) from None
         assert condition(), f"the job ended ({ended()}) before {what}: {events()} {unread}" + node.diagnose("default")
 
     until("the second epoch", lambda: any(e["event"] == "epoch" and e["epoch"] >= 2 for e in events()))

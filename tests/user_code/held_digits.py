@@ -9,8 +9,9 @@ that resumes finds the marker and trains to the end.
 
 `digits_held_at_changes` (an elastic job): rank 0 is the process Horovod's driver notifies of host changes (`horovod.common.elastic`'s
 notification manager, the channel an elastic `State` listens on). From `hold_from_epoch` on, rank 0
-- at 2 or more ranks, until it has been alone once: waits for a host to be *removed*;
-- alone (1 rank): waits for a host to be *added* (after it became alone).
+- at 2 or more ranks, until a host has been removed once: waits for a host to be *removed*;
+- alone (1 rank): waits for a host to be *added* after the latest removal, each plan at 1 rank for
+  another addition.
 The wait is in `epoch_order`, which a loader calls when it plans an epoch, between Horovod's commits, so
 no collective is in flight; the other ranks wait in their next allreduce. Once notified, rank 0 plans
 the epoch and trains on: its next commit raises HostsUpdatedInterrupt and the job resizes.
@@ -22,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from horovod.common.basics import HorovodBasics
 from horovod.common.elastic import notification_manager
 from horovod.runner.elastic.worker import HostUpdateResult
 
@@ -29,27 +31,57 @@ from hvdk8s.data.datasets import digits, train_test_split
 
 
 class _HostChanges:
-    """The host updates this process was told of (only rank 0's is told)."""
+    """The host updates this process was told of (only rank 0's is told): whether a host was ever removed,
+    and whether one was added after the latest removal. An addition is kept from the moment the driver
+    tells it, not from when rank 0 next plans an epoch: the lost worker's pod can be back while rank 0 is
+    still resetting to 1 rank, and that is the addition awaited (Horovod tells it once)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._seen = HostUpdateResult.no_update
-        self.alone = False  # rank 0 has trained alone (its process outlives the job's resizes)
+        self.removed = False
+        self.added_since_removed = False
+        self.taken_in_world = -1
 
     def on_hosts_updated(self, timestamp, update_res) -> None:  # Horovod's listener interface
         with self._cond:
-            self._seen |= update_res
+            if update_res & HostUpdateResult.removed:
+                self.removed, self.added_since_removed = True, False
+            if update_res & HostUpdateResult.added and self.removed:
+                self.added_since_removed = True
             self._cond.notify_all()
 
-    def forget(self, flag: HostUpdateResult) -> None:
+    def wait_for_a_removal(self) -> None:
         with self._cond:
-            self._seen &= ~flag
+            self._cond.wait_for(lambda: self.removed)
 
-    def wait_for(self, flag: HostUpdateResult) -> None:
+    def take_an_addition(self) -> None:
+        """Wait for an addition since the latest removal, and take it, once per world of ranks (the calls at
+        a commit that follow in the same world pass): the next world at 1 rank waits for another. An
+        addition told while the host was in horovodrun's blacklist cooldown resizes the job to 1 rank again,
+        and the host's return after the cooldown is told as another addition."""
         with self._cond:
-            self._cond.wait_for(lambda: self._seen & flag)
+            if self.taken_in_world == WORLDS.count:
+                return
+            self._cond.wait_for(lambda: self.added_since_removed)
+            self.added_since_removed, self.taken_in_world = False, WORLDS.count
 
 
+class _Worlds:
+    """How many times this process has started Horovod: an elastic job inits again at each change of its
+    ranks (horovod.torch.elastic's and horovod.tensorflow.elastic's reset), so this counts its worlds."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        started = HorovodBasics.init
+
+        def init(basics, *args, **kwargs):
+            self.count += 1
+            return started(basics, *args, **kwargs)
+
+        HorovodBasics.init = init
+
+
+WORLDS = _Worlds()
 CHANGES = _HostChanges()
 notification_manager.register_listener(CHANGES)
 
@@ -74,13 +106,10 @@ class Held:
 
 
 def _until_the_resize(size: int) -> None:
-    if size == 1:
-        if not CHANGES.alone:  # an addition told before the loss is not the one awaited
-            CHANGES.alone = True
-            CHANGES.forget(HostUpdateResult.added)
-        CHANGES.wait_for(HostUpdateResult.added)
-    elif not CHANGES.alone:
-        CHANGES.wait_for(HostUpdateResult.removed)
+    if size == 1:  # alone: until a host is back
+        CHANGES.take_an_addition()
+    else:  # until a host is lost once (and on, after it is back)
+        CHANGES.wait_for_a_removal()
 
 
 def _once_until_killed(marker: Path) -> Callable[[int], None]:
