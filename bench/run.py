@@ -24,6 +24,8 @@ BENCHMARKS = {
     "loader": ("hvdk8s.bench.loader_prefetch:run", "loader prefetch on a shard dataset from disk"),
     "zero_memory": ("hvdk8s.bench.sharded:run_memory", "sharded optimizer: state and gradient bytes per rank, 1 and 2 ranks"),
     "zero_step": ("hvdk8s.bench.sharded:run_step", "sharded optimizer: 2-rank step vs unsharded and torch ZeRO"),
+    "zero_keras_memory": ("hvdk8s.bench.sharded:run_keras_memory", "sharded optimizer, Keras 3: state per rank, 1 and 2 ranks"),
+    "zero_keras_step": ("hvdk8s.bench.sharded:run_keras_step", "sharded optimizer, Keras 3: 2-rank step vs unsharded"),
     "powersgd_digits": ("hvdk8s.bench.compression:run_digits", "compression none/fp16/PowerSGD: digits accuracy, 2 ranks"),
     "powersgd_lm": ("hvdk8s.bench.compression:run_lm", "compression none/fp16/PowerSGD: Transformer LM loss, 2 ranks"),
     "network": ("hvdk8s.bench.network:run", "2 emulated nodes on shaped links: compressions vs DDP's hooks"),

@@ -7,6 +7,9 @@
 - `zero_step`: 2-rank step time of stage 1 and stage 2 against unsharded hvdk8s (target: stage 1 at
   or below 1.1x) and against ZeroRedundancyOptimizer on DDP (gloo, CPU), which holds what stage 1 holds
   (target: at or below 1.0x), interleaved and repeated.
+- `zero_keras_memory`, `zero_keras_step`: the same for Keras 3 (hvdk8s.bench.sharded_rank_tf): Adam's
+  state per rank at 1 and 2 ranks, and the 2-rank step time of stages 1 and 2 against unsharded
+  hvdk8s.tensorflow (Keras has no ZeroRedundancyOptimizer to compare with).
 """
 from __future__ import annotations
 
@@ -65,3 +68,41 @@ def run_step(quick: bool) -> Comparison:
                       notes=f"{steps} steps per launch between barriers, {repeats} interleaved launches per "
                             "configuration; a row's samples are its launches. The same samples appear in both "
                             "groups.")
+
+
+KERAS_RANK = "hvdk8s.bench.sharded_rank_tf"
+KERAS_CONFIGS = {"hvdk8s.tensorflow": 0, "stage 1": 1, "stage 2": 2}
+
+
+def _run_keras(label: str, np: int, quick: bool, steps: int) -> dict:
+    config = {"stage": KERAS_CONFIGS[label], "model": "mlp" if quick else "mlp-30m", "batch": 32, "steps": steps}
+    return run_json(KERAS_RANK, config, "hvdk8s", np)
+
+
+def run_keras_memory(quick: bool) -> Comparison:
+    rows = []
+    for np in (1, 2):
+        ranks = f"optimizer state, {np} rank{'s' if np > 1 else ''}"
+        rows += [Row(config=label, group=ranks, x=np,
+                     samples=[_run_keras(label, np, quick, steps=1)["memory"]["optimizer_state"] / 2**20])
+                 for label in KERAS_CONFIGS]
+    return Comparison("zero_keras_memory", f"Keras 3: Adam's state per rank ({_model(quick)}): sharded vs "
+                                           "unsharded, measured", "MiB", higher_is_better=False,
+                      baseline="hvdk8s.tensorflow", rows=rows,
+                      target="stage 1 and 2 optimizer state at 2 ranks within 10% of 0.5x",
+                      notes="Bytes of the optimizer's per-variable state (the moments; unsharded: the "
+                            "optimizer's variables but its scalars, sharded: the working copy's on this rank's "
+                            "slices) after two steps, the largest over the ranks.")
+
+
+def run_keras_step(quick: bool) -> Comparison:
+    steps, repeats = (2, 1) if quick else (10, 3)
+    samples = interleaved({label: (lambda label=label: 1000 * _run_keras(label, 2, quick, steps)["seconds_per_step"])
+                           for label in KERAS_CONFIGS}, repeats)
+    return Comparison("zero_keras_step", f"Keras 3: 2-rank step time, Adam on a {_model(quick)}: sharded vs "
+                                         "unsharded hvdk8s.tensorflow", "ms/step", higher_is_better=False,
+                      baseline="hvdk8s.tensorflow",
+                      rows=[Row(config=label, group="vs unsharded", samples=samples[label]) for label in KERAS_CONFIGS],
+                      target="stage 1 <= 1.1x unsharded",
+                      notes=f"Each step a traced optimizer.apply (as model.fit's); {steps} steps per launch between "
+                            f"barriers, {repeats} interleaved launches per configuration.")

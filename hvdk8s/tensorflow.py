@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from hvdk8s import (_adapter, _tf_powersgd, checkpoint as _checkpoint, compression as _compression,
+from hvdk8s import (_adapter, _tf_powersgd, _tf_sharded, checkpoint as _checkpoint, compression as _compression,
                     metrics as _metrics, precision as _precision)
 from hvdk8s._adapter import CONTRACT
 from hvdk8s.schedule import warmup_lr
@@ -261,14 +261,21 @@ def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, com
     distributed as a whole (allreduce before its finiteness check); its inner optimizer stays plain.
     compression 'powersgd': low-rank factors with error feedback (hvdk8s._tf_powersgd), `powersgd` its
     settings ({"rank": 4, "start_step": 10, "min_compression_rate": 2.0}); op Average only, no other
-    Horovod options. shard_optimizer_state: 0 only, for now (hvdk8s.torch has it)."""
-    if shard_optimizer_state:
-        raise ValueError("shard_optimizer_state: not yet available in hvdk8s.tensorflow (hvdk8s.torch has it)")
+    Horovod options. shard_optimizer_state: 0 (every rank holds the whole optimizer state), 1 or 2 (each
+    rank holds and updates 1/N of it, and of the gradients: hvdk8s._tf_sharded; the two stages are the same
+    here, as Keras keeps no gradients between steps); compression as above, op Average only, no other
+    Horovod options; clip by global_clipnorm (clipnorm clips each tensor alone, and a shard holds parts)."""
+    if shard_optimizer_state not in (0, 1, 2):
+        raise ValueError(f"shard_optimizer_state must be 0, 1 or 2, got {shard_optimizer_state!r}")
     if powersgd is not None and not _is_powersgd(compression):
         raise ValueError("powersgd settings given, but compression is not 'powersgd'")
+    if shard_optimizer_state and _is_powersgd(compression):
+        raise ValueError("compression 'powersgd' and shard_optimizer_state: one or the other (a sharded "
+                         "optimizer reduce-scatters whole gradients)")
     dist = distributed_optimizer(optimizer, {"compression": compression, "op": op, **horovod_options},
                                  backward_passes_per_step, model.trainable_variables,
-                                 powersgd=_tf_powersgd.settings(powersgd) if _is_powersgd(compression) else None)
+                                 powersgd=_tf_powersgd.settings(powersgd) if _is_powersgd(compression) else None,
+                                 shard_optimizer_state=shard_optimizer_state)
     if model.built and broadcast:
         broadcast_state(model, dist, root_rank)
     return dist
@@ -297,20 +304,22 @@ def _named_like(cls: type, bases: tuple, attrs: Optional[dict] = None) -> type:
 
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, backward_passes_per_step: int = 1,
                           variables: Optional[Sequence] = None, scale_local_gradients: bool = True,
-                          count_micro_batches: bool = False,
-                          powersgd: Optional[dict] = None) -> keras.optimizers.Optimizer:
+                          count_micro_batches: bool = False, powersgd: Optional[dict] = None,
+                          shard_optimizer_state: int = 0) -> keras.optimizers.Optimizer:
     """`distribute`'s copy of `optimizer`, without a model: `reduce` holds allreduce_gradients' keyword
     arguments. A built optimizer's state is carried over (built for `variables`, default the ones it was
     built for). scale_local_gradients: whether `register_local_var`'s gradients are divided by the ranks'
     number, as Horovod's option. count_micro_batches: with backward_passes_per_step > 1, `iterations`
     counts micro-batches as under Horovod (`_MicroBatchIterations`), not Keras 3's updates."""
-    if isinstance(optimizer, _Distributed):
+    if isinstance(optimizer, (_Distributed, _tf_sharded.Sharded)):
         raise ValueError("optimizer is already distributed")
     lso = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if lso and isinstance(optimizer.inner_optimizer, _Distributed):
         raise ValueError("distribute the LossScaleOptimizer, not its inner optimizer: ranks whose gradients "
                          "overflow would skip the inner optimizer's allreduce and the others would wait forever")
     options = {k: v for k, v in reduce.items() if k not in ("compression", "op", "sparse_as_dense")}
+    if shard_optimizer_state:
+        _check_shardable(optimizer, reduce, options, count_micro_batches)
     if powersgd is not None:
         if reduce.get("op") not in (None, hvd.Average) or options:
             raise ValueError("compression 'powersgd' averages every gradient itself: Horovod's op and options "
@@ -321,12 +330,17 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, b
     mixin = _ReduceInApply if lso else _ReduceBeforeClip
     if powersgd is not None:
         mixin = (_tf_powersgd.PowerSGD, mixin)
+    attrs = {}
+    if shard_optimizer_state:
+        mixin = _tf_sharded.Sharded
+        attrs = {"_hvdk8s_plain_cls": type(optimizer.inner_optimizer if lso else optimizer),
+                 "_hvdk8s_compression": compressor(reduce.get("compression", "auto"))}
     # The optimizer that accumulates (a LossScaleOptimizer's inner one) is the one whose count Adam reads.
     micro = (_MicroBatchIterations,) if count_micro_batches and backward_passes_per_step > 1 else ()
     mixins = mixin if isinstance(mixin, tuple) else (mixin,)
     dist_cls = _named_like(type(optimizer), (*mixins, *(() if lso else micro)),
                            {"_hvdk8s_reduce": dict(reduce), "_hvdk8s_scale_local": scale_local_gradients,
-                            "_hvdk8s_powersgd": dict(powersgd or {})})
+                            "_hvdk8s_powersgd": dict(powersgd or {}), **attrs})
 
     if lso:
         # Built directly rather than by from_config, which looks the inner class up by its registered
@@ -343,15 +357,41 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, b
         if backward_passes_per_step > 1:
             config["gradient_accumulation_steps"] = backward_passes_per_step
         dist = dist_cls.from_config(config)
+    _keep_weight_decay_exclusions(getattr(optimizer, "inner_optimizer", optimizer), getattr(dist, "inner_optimizer", dist))
 
     if optimizer.built:  # e.g. state restored from a checkpoint before distributing: keep it
         dist.build(list(variables) if variables is not None else _built_for(optimizer))
+        if isinstance(dist, _tf_sharded.Sharded):  # the unsharded optimizer's variables are the format
+            if [tuple(v.shape) for v in optimizer.variables] != dist.state_shapes():
+                raise ValueError("the optimizer was built for other variables than model.trainable_variables")
+            dist.reshard([np.asarray(v) for v in optimizer.variables])
+            return dist
         mine, theirs = _state(dist), _state(optimizer)
         if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
             raise ValueError("the optimizer was built for other variables than model.trainable_variables")
         for m, t in zip(mine, theirs):
             m.assign(t)
     return dist
+
+
+def _keep_weight_decay_exclusions(source, target) -> None:
+    """What `exclude_from_weight_decay` set on `source` (which get_config does not carry), on `target`."""
+    for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(source, attr):
+            object.__setattr__(target, attr, getattr(source, attr))
+    object.__setattr__(target, "_exclude_from_weight_decay_cache", {})
+
+
+def _check_shardable(optimizer, reduce: dict, options: dict, count_micro_batches: bool) -> None:
+    plain = getattr(optimizer, "inner_optimizer", optimizer)
+    why = ("Horovod's op and options do not apply (it averages by reduce-scatter)"
+           if reduce.get("op") not in (None, hvd.Average) or options else
+           "clipnorm clips each tensor by its own norm, and a rank holds parts of tensors: use global_clipnorm"
+           if plain.clipnorm else
+           "use_ema keeps averages of the whole variables on every rank" if plain.use_ema else
+           "count_micro_batches does not apply" if count_micro_batches else None)
+    if why:
+        raise ValueError(f"shard_optimizer_state: {why}")
 
 
 def _state(optimizer: keras.optimizers.Optimizer) -> list:
@@ -392,12 +432,41 @@ def broadcast_state(model: keras.Model, optimizer: Optional[keras.optimizers.Opt
                     root_rank: int = 0) -> None:
     """Make every rank hold root_rank's model variables and optimizer state (building the optimizer's
     slots first if it has none yet, so they exist everywhere)."""
+    if isinstance(optimizer, _tf_sharded.Sharded):  # the model first: the shards are taken from it
+        broadcast_variables(model.variables, root_rank, "hvdk8s.state")
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+            broadcast_variables(optimizer.variables, root_rank, "hvdk8s.state.own")  # a fresh state: no slots
+        else:
+            optimizer.reshard(broadcast_arrays(optimizer.gathered_state(), root_rank, "hvdk8s.state.sharded"))
+        return
     variables = list(model.variables)
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
         variables += optimizer.variables
     broadcast_variables(variables, root_rank, "hvdk8s.state")
+
+
+def broadcast_arrays(arrays: Sequence[np.ndarray], root_rank: int = 0, name: str = "hvdk8s.arrays") -> list[np.ndarray]:
+    """root_rank's `arrays` on every rank (the others pass arrays of the same shapes and dtypes): one
+    broadcast per dtype."""
+    if _adapter.alone(hvd.size()):
+        return [np.asarray(a) for a in arrays]
+    out: list = [None] * len(arrays)
+    groups: dict[str, list[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(np.asarray(a).dtype.str, []).append(i)
+    for dtype, members in groups.items():
+        flat = np.concatenate([np.asarray(arrays[i]).reshape(-1) for i in members])
+        got = hvd.broadcast(tf.convert_to_tensor(flat), root_rank, name=f"{name}.{dtype}").numpy()
+        offset = 0
+        for i in members:
+            shape = np.shape(arrays[i])
+            n = int(np.prod(shape))
+            out[i] = got[offset:offset + n].reshape(shape)
+            offset += n
+    return out
 
 
 def allreduce(value, op=None, name: Optional[str] = None) -> np.ndarray:
@@ -454,13 +523,17 @@ def save_checkpoint(directory: str, epoch: int, model: keras.Model, optimizer: k
         raise TypeError(f"extra must be a dict, got {type(extra).__name__} (keep is a keyword argument)")
     if isinstance(optimizer, _tf_powersgd.PowerSGD) and optimizer.built:
         optimizer.average_errors()  # collective: rank 0's errors become the ranks' mean, the whole state
+    sharded = isinstance(optimizer, _tf_sharded.Sharded)
+    if sharded and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    state = optimizer.gathered_state() if sharded else None  # collective: the unsharded optimizer's format
     if hvd.rank() != 0:
         _metrics.current().checkpointed()  # rank 0 writes it now
         return None
     if not optimizer.built:  # save the slots' layout a resume expects
         optimizer.build(model.trainable_variables)
     payload = {"epoch": epoch, "extra": extra or {}, "model": [np.asarray(w) for w in model.get_weights()],
-               "optimizer": [np.asarray(v) for v in optimizer.variables]}
+               "optimizer": state if sharded else [np.asarray(v) for v in optimizer.variables]}
     path = _checkpoint.save(directory, epoch, payload, _write_npz, keep)
     _metrics.current().checkpointed()
     return path
@@ -476,10 +549,14 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
     if optimizer is not None and not optimizer.built:  # its slots must exist to take the saved state
         optimizer.build(model.trainable_variables)
 
+    sharded = isinstance(optimizer, _tf_sharded.Sharded)
+    shapes = optimizer.state_shapes() if sharded else None
+
     def fits(payload: dict) -> bool:
         why = _mismatch("model", model.weights, payload["model"])
         if why is None and optimizer is not None:
-            why = _mismatch("optimizer", optimizer.variables, payload["optimizer"])
+            why = _mismatch("optimizer", [_Shaped(s) for s in shapes] if sharded else optimizer.variables,
+                            payload["optimizer"])
         if why:
             print(f"hvdk8s: {why}", file=sys.stderr)
         return why is None
@@ -491,15 +568,31 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
     if found is not None:
         epoch, path, payload = found
         model.set_weights(payload["model"])
-        if optimizer is not None:
+        if sharded:
+            optimizer.reshard(payload["optimizer"])
+            object.__setattr__(optimizer, "_hvdk8s_loaded", payload["optimizer"])  # for an ElasticState's sync
+        elif optimizer is not None:
             for var, value in zip(optimizer.variables, payload["optimizer"]):
                 var.assign(value)
         extra = {**payload["extra"], "path": str(path)}
     if not broadcast or _adapter.alone(hvd.size()):
         return epoch, extra
     epoch, extra = hvd.broadcast_object((epoch, extra), root_rank, name="hvdk8s.resume")
+    if sharded:  # root_rank's whole state as read (the other ranks hold none of it yet)
+        broadcast_variables(model.variables, root_rank, "hvdk8s.state")
+        if "path" in extra:
+            mine = payload["optimizer"] if found is not None else optimizer.state_templates()
+            optimizer.reshard(broadcast_arrays(mine, root_rank, "hvdk8s.state.sharded"))
+        else:
+            optimizer.reshard(broadcast_arrays(optimizer.gathered_state(), root_rank, "hvdk8s.state.sharded"))
+        return epoch, extra
     broadcast_state(model, optimizer, root_rank)
     return epoch, extra
+
+
+class _Shaped:
+    def __init__(self, shape):
+        self.shape = shape
 
 
 # --- elastic training ----------------------------------------------------------------------------
@@ -536,10 +629,39 @@ class ElasticState(VariablesState):
         if optimizer is not None and not optimizer.built:  # its slots must exist to be saved and synced
             optimizer.build(model.trainable_variables)
         self._model, self._optimizer = model, optimizer
+        # A sharded optimizer's state is kept whole, in the unsharded format (each rank's shards depend on
+        # the ranks there are): gathered at each commit, laid out again when the ranks change.
+        self._sharded = isinstance(optimizer, _tf_sharded.Sharded)
+        self._committed = getattr(optimizer, "_hvdk8s_loaded", None) if self._sharded else None
         super().__init__(list(model.variables) + (list(optimizer.variables) if optimizer is not None else []),
                          **attrs)
         if isinstance(optimizer, _tf_powersgd.PowerSGD):  # the lost ranks took their errors with them
             self.register_reset_callbacks([optimizer.reset_compression])
+        if self._sharded:
+            self.register_reset_callbacks([lambda: self._reshard(self._committed)])
+
+    def _reshard(self, state) -> None:
+        self._optimizer.reshard(state)
+        self._model.train_function = None  # Keras traces its step again, for the new shards
+
+    def save(self) -> None:
+        if self._sharded:  # collective: every rank commits at the same step
+            self._committed = self._optimizer.gathered_state()
+        super().save()
+
+    def restore(self) -> None:
+        super().restore()
+        if self._sharded and self._committed is not None:
+            self._reshard(self._committed)
+
+    def sync(self) -> None:
+        super().sync()  # the model's variables and the optimizer's own (iterations, learning rate, loss scale)
+        if self._sharded:  # then rank 0's committed state (none yet: the ranks' fresh ones), laid out anew
+            committed = hvd.broadcast_object(self._committed is not None, 0, name="hvdk8s.elastic.committed")
+            mine = ((self._committed if self._committed is not None else self._optimizer.state_templates())
+                    if committed else self._optimizer.gathered_state())
+            self._committed = broadcast_arrays(mine, 0, "hvdk8s.elastic.sharded")
+            self._reshard(self._committed)
 
 
 def run_elastic(func):

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -258,8 +259,14 @@ def elastic_launch(job: Path, tmp_path: Path, steps: list, timeout: float = 400,
         proc = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", str(job),
                                  "--discovery-script", str(script), "--log-format", log_format],
                                 stdout=subprocess.PIPE, stderr=errors if as_json else subprocess.STDOUT, text=True,
-                                cwd=ROOT)
-    timer = threading.Timer(timeout, proc.kill)
+                                cwd=ROOT, start_new_session=True)
+
+    def kill_all() -> None:  # the launcher and all it started (horovodrun and its ranks outlive a killed launcher)
+        for pid in session_members(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, kill_all)
     timer.start()
     def met(line: str, condition) -> bool:
         return any(map(condition, events_of(line))) if as_json else re.search(condition, line) is not None

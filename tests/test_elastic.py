@@ -59,7 +59,8 @@ def _held_job(job_file, framework: str, epochs: int, **training) -> Path:
 # worker on the real node (test_cluster_node.py).
 @pytest.mark.parametrize("framework, training, target", [
     ("tensorflow", {"compression": "powersgd"}, 0.93), ("pytorch", {"shard_optimizer_state": 2}, 0.95),
-    ("pytorch", {"compression": "powersgd"}, 0.93)], ids=["tensorflow-powersgd", "pytorch-sharded", "pytorch-powersgd"])
+    ("pytorch", {"compression": "powersgd"}, 0.93), ("tensorflow", {"shard_optimizer_state": 2}, 0.95)],
+    ids=["tensorflow-powersgd", "pytorch-sharded", "pytorch-powersgd", "tensorflow-sharded"])
 def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, training,
                                                                        target):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it

@@ -114,3 +114,21 @@ def test_distribute_names_what_powersgd_cannot_take(kwargs, says):
     with pytest.raises(ValueError) as e:
         htf.distribute(model, keras.optimizers.SGD(0.1), **kwargs)
     assert says in str(e.value)
+
+
+@pytest.mark.parametrize("optimizer, kwargs, says", [
+    (lambda: keras.optimizers.SGD(0.1, clipnorm=1.0), {}, "clipnorm clips each tensor by its own norm, and a "
+                                                          "rank holds parts of tensors: use global_clipnorm"),
+    (lambda: keras.optimizers.SGD(0.1, use_ema=True), {}, "use_ema keeps averages of the whole variables"),
+    (lambda: keras.optimizers.SGD(0.1), {"compression": "powersgd"}, "compression 'powersgd' and "
+                                                                     "shard_optimizer_state: one or the other"),
+    (lambda: keras.optimizers.SGD(0.1), {"prescale_factor": 2.0}, "Horovod's op and options do not apply"),
+    (lambda: keras.optimizers.SGD(0.1), {"shard_optimizer_state": 3}, "shard_optimizer_state must be 0, 1 or 2"),
+])
+def test_distribute_names_what_a_sharded_optimizer_cannot_take(optimizer, kwargs, says):
+    import hvdk8s.tensorflow as htf
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])  # no Horovod init: as above
+    with pytest.raises(ValueError) as e:
+        htf.distribute(model, optimizer(), **{"shard_optimizer_state": 1, **kwargs})
+    assert says in str(e.value)

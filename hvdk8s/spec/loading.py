@@ -37,8 +37,6 @@ def _cross_checks(spec: JobSpec) -> list[tuple[str, str]]:
         problems.append(("observability.metrics.pod_monitor", "a PodMonitor scrapes the ranks' metrics, which "
                                                               "observability.metrics.enabled: false turns off; "
                                                               "drop one of the two"))
-    if spec.training.shard_optimizer_state and spec.framework != "pytorch":
-        problems.append(("training.shard_optimizer_state", "not yet available for tensorflow (pytorch only); set 0"))
     if spec.training.compression == "powersgd":
         if spec.training.shard_optimizer_state:
             problems.append(("training.compression", "powersgd and training.shard_optimizer_state: one or the "

@@ -245,7 +245,7 @@ class TrainingSpec(StrictModel):
                                                                     "(Horovod elastic, Gloo)")
     shard_optimizer_state: Literal[0, 1, 2] = Field(
         default=0, description="0: every rank holds the whole optimizer state; 1: each rank holds 1/N of it "
-                               "(ZeRO stage 1); 2: the gradients too (stage 2). PyTorch")
+                               "(ZeRO stage 1); 2: the gradients too (stage 2)")
 
     @field_validator("shard_optimizer_state", mode="before")
     @classmethod

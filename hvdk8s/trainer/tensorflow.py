@@ -74,7 +74,7 @@ class KerasSteps:
         # Elastic: no broadcast here (nothing before the elastic function may be collective).
         self.optimizer = htf.distribute(self.model, make_optimizer(t, self.lr.peak), compression=t.compression,
                                         backward_passes_per_step=self.k, broadcast=t.elastic is None,
-                                        powersgd=powersgd_settings(t))
+                                        powersgd=powersgd_settings(t), shard_optimizer_state=t.shard_optimizer_state)
         # Sum of per-sample losses weighted by size / global batch: Horovod's average is the global mean.
         self.tokens = info.get("seq_len", 1) if spec.model.resolved_task == "language_model" else 1
         self.model.compile(optimizer=self.optimizer,
