@@ -40,6 +40,12 @@ LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # mpirun only; no GPU
 # operator recreates a lost worker pod under the same DNS name, which must be able to join again (the first
 # retry after 10-15 s, doubling up to 5 min; found on the real operator: docs/k8s-stack.md).
 BLACKLIST_COOLDOWN_SECONDS = (5, 300)
+# How long the ranks of an elastic job wait in Gloo's rendezvous and collectives (Horovod's default: 30 s).
+# A worker that joins must start Python, import its framework and reach hvd.init while the others wait
+# there; on a busy node that passed 30 s, and a rank that times out takes its own host out of the job.
+# Raised as other Horovod deployments do (Determined: 240 s); the cost: a peer that hangs without
+# closing its connections is noticed this late (a deleted pod's close at once).
+GLOO_TIMEOUT_SECONDS = 120
 LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
 POD_SECURITY_ANNOTATION = "hvdk8s.io/pod-security"  # the strictest Pod Security level all of the job's pods meet
 FILES = ("configmap.yaml", "mpijob.yaml")
@@ -154,7 +160,8 @@ def elastic_command(spec: JobSpec, topo: Topology) -> list[str]:
            "--max-np", str(e.max_workers * slots), "--slots", str(slots), "--host-discovery-script", discovery,
            "--gloo", "--network-interfaces", network.MPI_INTERFACE, "--ssh-port", str(SSH_PORT),
            "--elastic-timeout", str(spec.kubernetes.worker_wait_seconds),
-           "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_SECONDS)]
+           "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_SECONDS),
+           "--gloo-timeout-seconds", str(GLOO_TIMEOUT_SECONDS)]
     cmd += network.rank_prefix(spec.resources.rdma)
     if spec.entrypoint is not None:
         return cmd + cluster_argv(spec, JOB_DIR)

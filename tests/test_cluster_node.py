@@ -432,13 +432,18 @@ def test_an_elastic_job_loses_and_regains_a_worker(node, tmp_path):
         try:
             node.wait_for(what, lambda: condition() or ended(), timeout=300, every=2)
         except AssertionError as timed_out:  # say what the job did meanwhile, and horovodrun's own word
-            try:
-                launcher = node.kubectl("logs", "-n", "default", "job/digits-elastic-launcher", "--tail=60",
-                                        check=False, timeout=30)
-                said = launcher.stdout + launcher.stderr + node.diagnose("default")
-            except Exception as e:  # noqa: BLE001 - the timeout is the failure; this only adds to it
-                said = f"(the launcher's log could not be read: {e!r})"
-            raise AssertionError(f"{timed_out}: {seen} {unread}\nthe launcher's log (end):\n{said[-8000:]}") from None
+            said = []
+            for args in (("logs", "-n", "default", "job/digits-elastic-launcher", "--tail=40"),
+                         ("get", "pods", "-n", "default", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status"
+                          ".phase,STATES:.status.containerStatuses[*].state,CREATED:.metadata.creationTimestamp"),
+                         ("get", "mpijob", "-n", "default", "digits-elastic", "-o", "jsonpath={.status}"),
+                         ("get", "events", "-n", "default", "--sort-by=.lastTimestamp")):
+                try:
+                    got = node.kubectl(*args, check=False, timeout=30)
+                    said.append(f"$ kubectl {' '.join(args[:2])}:\n{(got.stdout + got.stderr)[-3000:]}")
+                except Exception as e:  # noqa: BLE001 - the timeout is the failure; this only adds to it
+                    said.append(f"$ kubectl {' '.join(args[:2])}: {e!r}")
+            raise AssertionError(f"{timed_out}: {seen} {unread}\n" + "\n".join(said)) from None
         assert condition(), f"the job ended ({ended()}) before {what}: {events()} {unread}" + node.diagnose("default")
 
     until("the second epoch", lambda: any(e["event"] == "epoch" and e["epoch"] >= 2 for e in events()))

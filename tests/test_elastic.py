@@ -107,6 +107,8 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
     # A lost worker comes back under its old DNS name: horovodrun must not blacklist that name for good.
     cooldown = command.index("--blacklist-cooldown-range")
     assert command[cooldown + 1:cooldown + 3] == ["5", "300"]
+    # A joining worker's start (Python, its framework) while the others wait in Gloo: more than Horovod's 30 s.
+    assert command[command.index("--gloo-timeout-seconds") + 1] == "120"
     rendered = invoke("render", job, "-d", tmp_path / "rendered")
     assert rendered.exit_code == 0, rendered.output
     checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml")  # the operator's rules and defaults

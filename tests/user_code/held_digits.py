@@ -7,11 +7,11 @@ lost worker is back, and a slow one needs ever more epochs).
 marker file and holds until it is killed (the test deletes a worker, which ends that mpirun); the run
 that resumes finds the marker and trains to the end.
 
-`digits_held_at_changes` (an elastic job): rank 0 is the process Horovod's driver notifies of host changes (`horovod.common.elastic`'s
-notification manager, the channel an elastic `State` listens on). From `hold_from_epoch` on, rank 0
-- at 2 or more ranks, until a host has been removed once: waits for a host to be *removed*;
-- alone (1 rank): waits for a host to be *added* after the latest removal, each plan at 1 rank for
-  another addition.
+`digits_held_at_changes` (an elastic job): rank 0 is the process Horovod's driver notifies of host changes
+(`horovod.common.elastic`'s notification manager, the channel an elastic `State` listens on; only the
+job's current rank 0 is told). From `hold_from_epoch` on, rank 0
+- at 2 or more ranks, until the job has been alone once: waits for a host to be *removed*;
+- alone (1 rank): waits for a host to be *added* (`_HostChanges` says which additions count).
 The wait is in `epoch_order`, which a loader calls when it plans an epoch, between Horovod's commits, so
 no collective is in flight; the other ranks wait in their next allreduce. Once notified, rank 0 plans
 the epoch and trains on: its next commit raises HostsUpdatedInterrupt and the job resizes.
@@ -31,39 +31,44 @@ from hvdk8s.data.datasets import digits, train_test_split
 
 
 class _HostChanges:
-    """The host updates this process was told of (only rank 0's is told): whether a host was ever removed,
-    and whether one was added after the latest removal. An addition is kept from the moment the driver
-    tells it, not from when rank 0 next plans an epoch: the lost worker's pod can be back while rank 0 is
-    still resetting to 1 rank, and that is the addition awaited (Horovod tells it once)."""
+    """What this process was told of host changes (Horovod tells only the job's current rank 0, so a
+    process that was rank 1 when a host went was told nothing of it) and how it held.
+
+    - At 2 or more ranks, rank 0 holds until a host is removed, unless this process has trained alone
+      before (the job has lost its worker and got it back). Additions told until then are stale.
+    - Alone (1 rank), rank 0 holds until an addition newer than those: counted from when it is told,
+      not from when rank 0 next plans an epoch (the lost worker's pod can be back while rank 0 is still
+      resetting to 1 rank, and Horovod tells it once). One addition per world of ranks: an addition told
+      while the host was in horovodrun's blacklist cooldown resizes the job to 1 rank again, and the
+      host's return after the cooldown is told as another."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self.removed = False
-        self.added_since_removed = False
+        self.additions = 0  # additions told so far
+        self.stale = 0  # additions up to this count do not end a hold at 1 rank
+        self.been_alone = False
         self.taken_in_world = -1
 
     def on_hosts_updated(self, timestamp, update_res) -> None:  # Horovod's listener interface
         with self._cond:
-            if update_res & HostUpdateResult.removed:
-                self.removed, self.added_since_removed = True, False
-            if update_res & HostUpdateResult.added and self.removed:
-                self.added_since_removed = True
+            self.removed |= bool(update_res & HostUpdateResult.removed)
+            self.additions += bool(update_res & HostUpdateResult.added)
             self._cond.notify_all()
 
-    def wait_for_a_removal(self) -> None:
+    def hold_among_others(self) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self.removed)
+            if not self.been_alone:
+                self._cond.wait_for(lambda: self.removed)
+            self.stale = self.additions
 
-    def take_an_addition(self) -> None:
-        """Wait for an addition since the latest removal, and take it, once per world of ranks (the calls at
-        a commit that follow in the same world pass): the next world at 1 rank waits for another. An
-        addition told while the host was in horovodrun's blacklist cooldown resizes the job to 1 rank again,
-        and the host's return after the cooldown is told as another addition."""
+    def hold_alone(self) -> None:
         with self._cond:
-            if self.taken_in_world == WORLDS.count:
+            self.been_alone = True
+            if self.taken_in_world == WORLDS.count:  # a call at a commit, in the world that took one
                 return
-            self._cond.wait_for(lambda: self.added_since_removed)
-            self.added_since_removed, self.taken_in_world = False, WORLDS.count
+            self._cond.wait_for(lambda: self.additions > self.stale)
+            self.stale, self.taken_in_world = self.additions, WORLDS.count
 
 
 class _Worlds:
@@ -106,10 +111,10 @@ class Held:
 
 
 def _until_the_resize(size: int) -> None:
-    if size == 1:  # alone: until a host is back
-        CHANGES.take_an_addition()
-    else:  # until a host is lost once (and on, after it is back)
-        CHANGES.wait_for_a_removal()
+    if size == 1:
+        CHANGES.hold_alone()
+    else:
+        CHANGES.hold_among_others()
 
 
 def _once_until_killed(marker: Path) -> Callable[[int], None]:
