@@ -52,10 +52,16 @@ def run_memory(quick: bool) -> Comparison:
                             "(gradient_as_bucket_view, so one copy).")
 
 
-def run_step(quick: bool) -> Comparison:
+def _step_ms(run, labels, quick: bool) -> tuple[dict, int, int]:
+    """2-rank ms/step of each label (`run(label, ranks, quick, steps)`), interleaved and repeated."""
     steps, repeats = (2, 1) if quick else (10, 3)
-    samples = interleaved({label: (lambda label=label: 1000 * _run(label, 2, quick, steps)["seconds_per_step"])
-                           for label in CONFIGS}, repeats)
+    samples = interleaved({label: (lambda label=label: 1000 * run(label, 2, quick, steps)["seconds_per_step"])
+                           for label in labels}, repeats)
+    return samples, steps, repeats
+
+
+def run_step(quick: bool) -> Comparison:
+    samples, steps, repeats = _step_ms(_run, CONFIGS, quick)
     rows = []
     for group, baseline, labels in (("vs unsharded hvdk8s", "hvdk8s", ("hvdk8s", "stage 1", "stage 2")),
                                     ("vs torch ZeRO", "torch ZeRO (DDP)", ("torch ZeRO (DDP)", "stage 1", "stage 2"))):
@@ -96,9 +102,7 @@ def run_keras_memory(quick: bool) -> Comparison:
 
 
 def run_keras_step(quick: bool) -> Comparison:
-    steps, repeats = (2, 1) if quick else (10, 3)
-    samples = interleaved({label: (lambda label=label: 1000 * _run_keras(label, 2, quick, steps)["seconds_per_step"])
-                           for label in KERAS_CONFIGS}, repeats)
+    samples, steps, repeats = _step_ms(_run_keras, KERAS_CONFIGS, quick)
     return Comparison("zero_keras_step", f"Keras 3: 2-rank step time, Adam on a {_model(quick)}: sharded vs "
                                          "unsharded hvdk8s.tensorflow", "ms/step", higher_is_better=False,
                       baseline="hvdk8s.tensorflow",
