@@ -252,58 +252,44 @@ class Sharded:
             for m, s in zip(c.members, c.sizes):
                 full_slots[(m, name)] = flat[offset:offset + s].reshape(tuple(self._hvdk8s_model[m].shape))
                 offset += s
+        return [full_slots[e] if isinstance(e, tuple) else np.asarray(e) for e in self._unsharded_entries()]
+
+    def _unsharded_entries(self) -> list:
+        """What holds each array of the unsharded format, in its order: a variable of this optimizer's own
+        (a LossScaleOptimizer's, or the working copy's iterations and learning rate), or for per-variable
+        state its key (model variable, slot name)."""
         own, layout = _reference_layout(self)
-        work_plain = [v for v in work.variables if id(v) not in self._hvdk8s_slots]
-        out = [np.asarray(v) for v in own]
-        plain_i = 0
-        for entry in layout:
-            if entry is None:
-                out.append(np.asarray(work_plain[plain_i]))
-                plain_i += 1
-            else:
-                out.append(full_slots[entry])
-        return out
+        work_plain = iter(v for v in self._hvdk8s_work.variables if id(v) not in self._hvdk8s_slots)
+        return [*own, *(next(work_plain) if entry is None else entry for entry in layout)]
+
+    def _state_specs(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """(shape, dtype) of each array of the unsharded format."""
+        chunk_of = {m: k for k, c in enumerate(self._hvdk8s_chunks) for m in c.members}
+        slot_dtype = {self._hvdk8s_slots[id(v)]: v.dtype for v in self._hvdk8s_work.variables
+                      if id(v) in self._hvdk8s_slots}
+        return [(tuple(self._hvdk8s_model[e[0]].shape), _np_dtype(slot_dtype[(chunk_of[e[0]], e[1])]))
+                if isinstance(e, tuple) else (tuple(e.shape), _np_dtype(e.dtype)) for e in self._unsharded_entries()]
 
     def state_templates(self) -> list[np.ndarray]:
         """Zeros shaped and typed as `gathered_state`'s arrays (to receive a broadcast of it)."""
-        own, layout = _reference_layout(self)
-        work_plain = [v for v in self._hvdk8s_work.variables if id(v) not in self._hvdk8s_slots]
-        slot_dtype = {k: v.dtype for v in self._hvdk8s_work.variables if id(v) in self._hvdk8s_slots
-                      for k in [self._hvdk8s_slots[id(v)]]}
-        out = [np.zeros(tuple(v.shape), _np_dtype(v.dtype)) for v in own]
-        plain_i = 0
-        for entry in layout:
-            if entry is None:
-                v = work_plain[plain_i]
-                out.append(np.zeros(tuple(v.shape), _np_dtype(v.dtype)))
-                plain_i += 1
-            else:
-                m, name = entry
-                k = next(i for i, c in enumerate(self._hvdk8s_chunks) if m in c.members)
-                out.append(np.zeros(tuple(self._hvdk8s_model[m].shape), _np_dtype(slot_dtype[(k, name)])))
-        return out
+        return [np.zeros(shape, dtype) for shape, dtype in self._state_specs()]
 
     def state_shapes(self) -> list[tuple[int, ...]]:
-        return [a.shape for a in self.state_templates()]
+        return [shape for shape, _ in self._state_specs()]
 
     def load_state(self, state: Sequence[np.ndarray]) -> None:
         """Take the unsharded format (`gathered_state`, or an unsharded optimizer's `variables`): keep this
         rank's part. Local: every rank passes the same arrays."""
-        own, layout = _reference_layout(self)
-        if len(state) != len(own) + len(layout):
-            raise ValueError(f"the optimizer state has {len(state)} arrays; this optimizer's has {len(own) + len(layout)}")
-        for v, value in zip(own, state):
-            v.assign(value)
-        work, chunks, rank = self._hvdk8s_work, self._hvdk8s_chunks, hvd.rank()
-        work_plain = [v for v in work.variables if id(v) not in self._hvdk8s_slots]
+        entries = self._unsharded_entries()
+        if len(state) != len(entries):
+            raise ValueError(f"the optimizer state has {len(state)} arrays; this optimizer's has {len(entries)}")
         given: dict[tuple[int, str], np.ndarray] = {}
-        plain_i = 0
-        for entry, value in zip(layout, state[len(own):]):
-            if entry is None:
-                work_plain[plain_i].assign(value)
-                plain_i += 1
-            else:
+        for entry, value in zip(entries, state):
+            if isinstance(entry, tuple):
                 given[entry] = np.asarray(value)
+            else:
+                entry.assign(value)
+        work, chunks, rank = self._hvdk8s_work, self._hvdk8s_chunks, hvd.rank()
         for v in work.variables:
             if id(v) in self._hvdk8s_slots:
                 k, name = self._hvdk8s_slots[id(v)]

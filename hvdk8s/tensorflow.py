@@ -505,13 +505,13 @@ def _read_npz(path) -> dict:
                 "optimizer": [z[k] for k in keys if k.startswith("optimizer/")]}
 
 
-def _mismatch(what: str, here: Sequence, saved: Sequence) -> Optional[str]:
-    """Why arrays `saved` cannot be loaded into variables `here` (None if they can)."""
+def _mismatch(what: str, here: Sequence[tuple], saved: Sequence) -> Optional[str]:
+    """Why arrays `saved` cannot be loaded where arrays of shapes `here` go (None if they can)."""
     if len(here) != len(saved):
         return f"{len(saved)} {what} arrays, this {what} has {len(here)}"
-    for i, (v, a) in enumerate(zip(here, saved)):
-        if tuple(v.shape) != tuple(a.shape):
-            return f"{what} array {i} has shape {tuple(a.shape)}, this {what} {tuple(v.shape)}"
+    for i, (shape, a) in enumerate(zip(here, saved)):
+        if tuple(shape) != tuple(a.shape):
+            return f"{what} array {i} has shape {tuple(a.shape)}, this {what} {tuple(shape)}"
     return None
 
 
@@ -550,13 +550,13 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
         optimizer.build(model.trainable_variables)
 
     sharded = isinstance(optimizer, _tf_sharded.Sharded)
-    shapes = optimizer.state_shapes() if sharded else None
+    shapes = (optimizer.state_shapes() if sharded else [tuple(v.shape) for v in optimizer.variables]
+              ) if optimizer is not None else []
 
     def fits(payload: dict) -> bool:
-        why = _mismatch("model", model.weights, payload["model"])
+        why = _mismatch("model", [tuple(w.shape) for w in model.weights], payload["model"])
         if why is None and optimizer is not None:
-            why = _mismatch("optimizer", [_Shaped(s) for s in shapes] if sharded else optimizer.variables,
-                            payload["optimizer"])
+            why = _mismatch("optimizer", shapes, payload["optimizer"])
         if why:
             print(f"hvdk8s: {why}", file=sys.stderr)
         return why is None
@@ -588,11 +588,6 @@ def load_checkpoint(directory: str, model: keras.Model, optimizer: Optional[kera
         return epoch, extra
     broadcast_state(model, optimizer, root_rank)
     return epoch, extra
-
-
-class _Shaped:
-    def __init__(self, shape):
-        self.shape = shape
 
 
 # --- elastic training ----------------------------------------------------------------------------
