@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from hvdk8s import compression
+from hvdk8s.gloo import GLOO_TIMEOUT_SECONDS
 from hvdk8s.core import layout, safeyaml
 from hvdk8s.core.atomic import atomic_write_all, fsync_dir
 from hvdk8s.core.errors import UserError
@@ -40,12 +41,6 @@ LAUNCHER_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # mpirun only; no GPU
 # operator recreates a lost worker pod under the same DNS name, which must be able to join again (the first
 # retry after 10-15 s, doubling up to 5 min; found on the real operator: docs/k8s-stack.md).
 BLACKLIST_COOLDOWN_SECONDS = (5, 300)
-# How long the ranks of an elastic job wait in Gloo's rendezvous and collectives (Horovod's default: 30 s).
-# A worker that joins must start Python, import its framework and reach hvd.init while the others wait
-# there; on a busy node that passed 30 s, and a rank that times out takes its own host out of the job.
-# Raised as other Horovod deployments do (Determined: 240 s); the cost: a peer that hangs without
-# closing its connections is noticed this late (a deleted pod's close at once).
-GLOO_TIMEOUT_SECONDS = 120
 LABEL_JOB, LABEL_ROLE = "hvdk8s.io/job", "hvdk8s.io/role"
 POD_SECURITY_ANNOTATION = "hvdk8s.io/pod-security"  # the strictest Pod Security level all of the job's pods meet
 FILES = ("configmap.yaml", "mpijob.yaml")

@@ -109,6 +109,10 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
     assert command[cooldown + 1:cooldown + 3] == ["5", "300"]
     # A joining worker's start (Python, its framework) while the others wait in Gloo: more than Horovod's 30 s.
     assert command[command.index("--gloo-timeout-seconds") + 1] == "120"
+    # The local launch the same (a TensorFlow rank joining beside the suite passed 30 s in CI).
+    from hvdk8s.launch.local import Elastic, command as local_command
+    local = local_command(["prog"], 2, elastic=Elastic(1, 2, tmp_path / "discover.sh"))
+    assert local[local.index("--gloo-timeout-seconds") + 1] == "120" and local[-1] == "prog"
     rendered = invoke("render", job, "-d", tmp_path / "rendered")
     assert rendered.exit_code == 0, rendered.output
     checked = invoke("validate", tmp_path / "rendered" / "mpijob.yaml")  # the operator's rules and defaults

@@ -197,7 +197,7 @@ FLOORS: dict[str, tuple[int, str]] = {
     # OpenAPI schema engine and the ObjectMeta rules it applies.
     "hvdk8s.core": (0, "ground"),
     **{f"hvdk8s.{m}": (0, "ground") for m in (
-        "_version", "events", "logformat", "schedule", "compression", "precision", "tuning", "faults",
+        "_version", "events", "logformat", "schedule", "compression", "precision", "tuning", "faults", "gloo",
         "_torch_wait", "mpijob.api", "mpijob.topology", "mpijob.problems", "mpijob.podsecurity",
         "mpijob.security", "mpijob.validate.schema", "mpijob.validate.objectmeta",
         "launch.procs", "launch.workers", "launch.memlock")},

@@ -35,6 +35,7 @@ from hvdk8s import events, failures, logformat, metrics, tuning
 from hvdk8s.core.errors import UserError
 from hvdk8s.entrypoint import local_argv
 from hvdk8s.faults import stall_env
+from hvdk8s.gloo import GLOO_TIMEOUT_SECONDS
 from hvdk8s.launch import procs
 from hvdk8s.launch.base import FAILED, RUNNING, SUCCEEDED, JobStatus, WaitTimeout
 from hvdk8s.launch.progress import ProgressView
@@ -98,7 +99,7 @@ def command(program: Sequence[str], np: int, controller: str = DEFAULT_CONTROLLE
     # it, it hung in interface discovery (measured here, 60 s until killed).
     return [horovodrun(), "-np", str(np), "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
             "--host-discovery-script", str(elastic.discovery_script), "--gloo", "--network-interfaces", "lo",
-            *program]
+            "--gloo-timeout-seconds", str(GLOO_TIMEOUT_SECONDS), *program]
 
 
 # What an MPI process's own job puts in its environment (Open MPI 4.1's singleton init, as Horovod's init in a

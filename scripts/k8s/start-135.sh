@@ -76,6 +76,18 @@ start_operator() {  # in a network namespace of its own (see the top), from STAT
   setsid unshare --net -- bash "$STATE/mpi-operator.cmd" >>"$STATE/mpi-operator.log" 2>&1 </dev/null &
   echo $! >"$STATE/mpi-operator.pid"
 }
+start_kueue() {  # in a mount namespace of its own (see where it is first started), until ready
+  setsid unshare --mount --propagation private -- bash "$STATE/kueue.cmd" >>"$STATE/kueue.log" 2>&1 </dev/null &
+  echo $! >"$STATE/kueue.pid"
+  local health ready=0
+  health=$(sed -n 's/^KUEUE_HEALTH_PORT=//p' "$STATE/ports")
+  for _ in $(seq 1 480); do
+    alive kueue || { tail -n 20 "$STATE/kueue.log" >&2; die "kueue exited (log: $STATE/kueue.log)"; }
+    [ "$(curl -s --max-time 2 "http://127.0.0.1:$health/readyz" 2>/dev/null)" = ok ] && { ready=1; break; }
+    sleep 0.25
+  done
+  [ "$ready" = 1 ] || { tail -n 20 "$STATE/kueue.log" >&2; die "kueue not ready after 120s"; }
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 if [ "$ONLY_APISERVER" = 1 ]; then  # the same command line as the first start (ports, certificates, etcd)
   alive etcd || die "no etcd runs for $STATE: start the whole cluster"
@@ -85,6 +97,16 @@ if [ "$ONLY_APISERVER" = 1 ]; then  # the same command line as the first start (
   setsid bash "$STATE/apiserver.cmd" >>"$STATE/apiserver.log" 2>&1 </dev/null &
   echo $! >"$STATE/apiserver.pid"
   wait_apiserver
+  # Kueue as deployed holds a leader lease too and exits when it cannot renew it (its Deployment then
+  # starts it again); here it runs without one, and stayed up through the outage with caches that lagged
+  # the restarted server by a minute under load (its reflectors back off up to 30 s, jittered): meanwhile
+  # its Job webhook refused the operator's launcher ("MPIJob ... not found") and the operator's retries
+  # backed off past the tests' 5 minutes. So stop-135.sh --apiserver-only stops it too, as losing its
+  # lease would, and it starts again here, before the operator, with caches read from the new server.
+  if [ -f "$STATE/kueue.cmd" ] && ! alive kueue; then
+    say "kueue again"
+    start_kueue
+  fi
   # The operator cannot renew its leader lease without the API server and exits (klog.Fatal), so
   # stop-135.sh --apiserver-only stops it too; it starts again here and leads at once: the lease its
   # stopped predecessor held is deleted (else the new one waits for it to expire, 15 s).
@@ -250,19 +272,16 @@ KUEUECONFIG
   # path /etc/kueue/metrics/certs (cmd/kueue/main.go), even with metrics off, and exits without it. It
   # runs in a mount namespace of its own where /etc is an overlay whose upper layer is in STATE_DIR, so
   # that path exists for it alone and the machine's /etc is untouched.
+  # Kept as a script so that --apiserver-only starts it again (exec: the pid is Kueue's own).
+  cat >"$STATE/kueue.cmd" <<KUEUECMD
+export KUBECONFIG="$KUBECONFIG_FILE"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$STATE/kueue-etc/upper,workdir=$STATE/kueue-etc/work" /etc
+mkdir -p /etc/kueue/metrics/certs && cp "$C/kueue/tls.crt" "$C/kueue/tls.key" /etc/kueue/metrics/certs/
+exec "$BIN/kueue" --config "$STATE/kueue-config.yaml" --feature-gates VisibilityOnDemand=false
+KUEUECMD
   mkdir -p "$STATE/kueue-etc/upper" "$STATE/kueue-etc/work"
-  KUBECONFIG=$KUBECONFIG_FILE setsid unshare --mount --propagation private -- bash -c '
-    mount -t overlay overlay -o "lowerdir=/etc,upperdir='"$STATE"'/kueue-etc/upper,workdir='"$STATE"'/kueue-etc/work" /etc
-    mkdir -p /etc/kueue/metrics/certs && cp "'"$C"'"/kueue/tls.crt "'"$C"'"/kueue/tls.key /etc/kueue/metrics/certs/
-    exec "'"$BIN"'/kueue" --config "'"$STATE"'/kueue-config.yaml" --feature-gates VisibilityOnDemand=false' \
-    >"$STATE/kueue.log" 2>&1 </dev/null &
-  echo $! >"$STATE/kueue.pid"
-  for _ in $(seq 1 480); do
-    alive kueue || { tail -n 20 "$STATE/kueue.log" >&2; die "kueue exited (log: $STATE/kueue.log)"; }
-    [ "$(curl -s --max-time 2 "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" 2>/dev/null)" = ok ] && { kq=1; break; }
-    sleep 0.25
-  done
-  [ "${kq:-0}" = 1 ] || { tail -n 20 "$STATE/kueue.log" >&2; die "kueue not ready after 120s"; }
+  : >"$STATE/kueue.log"
+  start_kueue
   lap kueue-ready
 fi
 

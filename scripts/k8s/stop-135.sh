@@ -10,10 +10,10 @@ set -euo pipefail
 STATE=$1
 ENTRIES=(kwok:/kwok kueue:/kueue mpi-operator:/mpi-operator operator-relay:socat api-relay:socat
   scheduler:/kube-scheduler controller-manager:/kube-controller-manager apiserver:/kube-apiserver etcd:/etcd)
-# The operator with it: it exits on its own once it cannot renew its leader lease (start-135.sh
-# --apiserver-only starts both again).
+# The operator and Kueue with it: the operator exits on its own once it cannot renew its leader lease, and
+# Kueue as deployed would too (start-135.sh --apiserver-only starts them again).
 GRACE=100  # tenths of a second
-[ "${2:-}" = --apiserver-only ] && ENTRIES=(mpi-operator:/mpi-operator operator-relay:socat apiserver:/kube-apiserver) GRACE=10
+[ "${2:-}" = --apiserver-only ] && ENTRIES=(kueue:/kueue mpi-operator:/mpi-operator operator-relay:socat apiserver:/kube-apiserver) GRACE=10
 # Gone: exited, or a zombie waiting for its reaper (here PID 1 reaps about once a second).
 running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 # name:what its command line must contain
