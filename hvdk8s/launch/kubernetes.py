@@ -17,6 +17,7 @@ Its output is the launcher pod's log (mpirun there carries every rank's output).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import time
 from pathlib import Path
@@ -85,8 +86,15 @@ class KubernetesLauncher:
         self.conn = conn
         self.namespace = namespace or conn.namespace
         self.custom = client.CustomObjectsApi(conn.api)
-        self.core = client.CoreV1Api(conn.api)
         self.created: list[dict[str, Any]] = []  # what the last submit made, as the server returned it
+
+    @functools.cached_property
+    def core(self):
+        """The core API, made when a verb first needs it: importing it builds some 280 pydantic models
+        (kubernetes 37's client), 0.5-1 CPU-s that `status`, `list` and `wait` do not need."""
+        from kubernetes import client
+
+        return client.CoreV1Api(self.conn.api)
 
     @classmethod
     def connect(cls, context: Optional[str] = None, namespace: Optional[str] = None,
