@@ -94,9 +94,9 @@ notification_manager.register_listener(CHANGES)
 class Held:
     """The digits of `base`; rank 0's plan of each epoch from `hold_from_epoch` on waits for `hold(size)`."""
 
-    def __init__(self, base, hvd, hold_from_epoch: int, hold: Callable[[int], None]):
+    def __init__(self, base, horovod_module: str, hold_from_epoch: int, hold: Callable[[int], None]):
         self.base, self.info = base, base.info
-        self._hvd, self._hold_from, self._hold = hvd, hold_from_epoch, hold
+        self._horovod, self._hold_from, self._hold = horovod_module, hold_from_epoch, hold
 
     def __len__(self) -> int:
         return len(self.base)
@@ -105,8 +105,12 @@ class Held:
         return self.base.take(indices)
 
     def epoch_order(self, seed: int, epoch: int):
-        if epoch >= self._hold_from and self._hvd.rank() == 0:
-            self._hold(self._hvd.size())
+        if epoch >= self._hold_from:
+            # Imported here, in a rank: `hvdk8s launch` calls the factory to check its result, and importing
+            # the framework there cost the launcher 7-10 CPU-s (TensorFlow) for nothing.
+            hvd = importlib.import_module(self._horovod)
+            if hvd.rank() == 0:
+                self._hold(hvd.size())
         return self.base.epoch_order(seed, epoch)
 
 
@@ -128,9 +132,9 @@ def _once_until_killed(marker: Path) -> Callable[[int], None]:
 
 
 def _split(framework: str, hold_from_epoch: int, test_fraction: float, hold: Callable[[int], None]) -> dict:
-    hvd = importlib.import_module({"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework])
+    horovod_module = {"pytorch": "horovod.torch", "tensorflow": "horovod.tensorflow"}[framework]
     train, test = train_test_split(digits(), test_fraction)
-    return {"train": Held(train, hvd, hold_from_epoch, hold), "test": test}
+    return {"train": Held(train, horovod_module, hold_from_epoch, hold), "test": test}
 
 
 def digits_held_at_changes(framework: str = "pytorch", hold_from_epoch: int = 3, test_fraction: float = 0.2):
