@@ -13,23 +13,27 @@ does, so only ratios within one link rate mean anything.
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from hvdk8s.bench import netns
 from hvdk8s.bench.core import BenchError, CannotRunHere, Comparison, Row, interleaved
-from hvdk8s.bench.ranks import TIMEOUT, rank_env
+from hvdk8s.bench.ranks import TIMEOUT, kill_tree, rank_env
 from hvdk8s.launch import local
 
 RANK = "hvdk8s.bench.network_rank"
 CONFIGS = {"hvdk8s": ("hvdk8s", "none"), "hvdk8s fp16": ("hvdk8s", "fp16"), "hvdk8s powersgd": ("hvdk8s", "powersgd"),
            "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd")}
 LINKS_GBIT = (None, 10.0, 1.0)  # None: unshaped (veth copies, several Gbit/s here)
-PORT = 29677
+_PORTS = itertools.count(29677)  # torchrun's master port, one per DDP run
+GRACE = 120  # seconds the rest of a run may take to end after one of its processes has ended
 
 
 def _link_label(gbit) -> str:
@@ -45,32 +49,54 @@ def _run(nodes: list[netns.Node], per_node: int, agent: Path, mode: str, config:
         env = {**rank_env(np, {"OMP_NUM_THREADS": str(threads)}, mode), "GLOO_SOCKET_IFNAME": "eth0"}
         subnet = nodes[0].address.rsplit(".", 1)[0] + ".0/24"
         if mode == "hvdk8s":
-            cmd = [local.mpirun(), "-np", str(np), "-H", ",".join(f"{n.address}:{per_node}" for n in nodes),
-                   "-bind-to", "none", "-map-by", "slot", "-mca", "plm_rsh_agent", str(agent),
-                   "-mca", "oob_tcp_if_include", subnet, "-mca", "btl_tcp_if_include", subnet,
-                   "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp", *program]
-            procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+            commands = [[local.mpirun(), "-np", str(np), "-H", ",".join(f"{n.address}:{per_node}" for n in nodes),
+                         "-bind-to", "none", "-map-by", "slot", "-mca", "plm_rsh_agent", str(agent),
+                         "-mca", "oob_tcp_if_include", subnet, "-mca", "btl_tcp_if_include", subnet,
+                         "-mca", "pml", "ob1", "-mca", "btl", "self,vader,tcp", *program]]
         else:
+            port = next(_PORTS)  # a port of its own: the run before may still hold the last one's sockets
+            commands = [["ip", "netns", "exec", node.name, sys.executable, "-m", "torch.distributed.run",
+                         f"--nnodes={len(nodes)}", f"--nproc-per-node={per_node}", f"--node-rank={i}",
+                         f"--master-addr={nodes[0].address}", f"--master-port={port}", *program[1:]]
+                        for i, node in enumerate(nodes)]
+        what = f"{mode} x{np} {config['compression']} across emulated nodes"
+        logs = [Path(tmp) / f"out{i}.log" for i in range(len(commands))]
+        with contextlib.ExitStack() as stack:
             procs = []
-            for i, node in enumerate(nodes):
-                torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
-                            f"--nproc-per-node={per_node}", f"--node-rank={i}", f"--master-addr={nodes[0].address}",
-                            f"--master-port={PORT}", *program[1:]]
-                procs.append(subprocess.Popen(["ip", "netns", "exec", node.name, *torchrun], env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        outputs = []
-        for proc in procs:
-            try:
-                outputs.append(proc.communicate(timeout=TIMEOUT))
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    p.kill()
-                raise BenchError(f"{mode} x{np} across emulated nodes: no end after {TIMEOUT}s")
-        if any(p.returncode for p in procs) or not out.exists():
-            said = "".join(o + e for o, e in outputs)
-            raise BenchError(f"{mode} x{np} {config['compression']} across emulated nodes failed "
-                             f"({[p.returncode for p in procs]}):\n{said[-4000:]}")
+            for command, log in zip(commands, logs):
+                proc = subprocess.Popen(command, env=env, stdout=stack.enter_context(open(log, "w")),
+                                        stderr=subprocess.STDOUT)
+                stack.callback(kill_tree, proc)
+                procs.append(proc)
+            why = _wait_all(procs)
+        if why or not out.exists():
+            said = "".join(f"--- {' '.join(c[:6])} ...\n{log.read_text()[-2000:]}" for c, log in zip(commands, logs))
+            raise BenchError(f"{what} failed ({why or 'no result written'}; "
+                             f"return codes {[p.returncode for p in procs]}):\n{said}")
         return json.loads(out.read_text())
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float = TIMEOUT, grace: float = GRACE) -> str:
+    """Wait for every process of one run; '' when all ended well, else why not. A run's processes end
+    together (their ranks meet at a last barrier), so once one has ended the rest get `grace` seconds, and
+    one that fails ends the wait at once: its peers would wait for it until their own timeouts."""
+    deadline, first_end = time.monotonic() + timeout, None
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+        running = [i for i, code in enumerate(codes) if code is None]
+        if failed:
+            return f"process {failed[0]} failed"
+        if not running:
+            return ""
+        now = time.monotonic()
+        if now > deadline:
+            return f"no end after {timeout:g}s"
+        if len(running) < len(procs):
+            first_end = first_end or now
+            if now - first_end > grace:
+                return f"process {running[0]} still running {grace:g}s after another ended"
+        time.sleep(0.2)
 
 
 def run(quick: bool) -> Comparison:

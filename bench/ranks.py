@@ -79,7 +79,7 @@ def contending_job(model: str = "mlp", np: int = 2):
     try:
         yield proc
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
 
 
 def taking_turns(configs: dict[str, tuple[str, Optional[dict], bool]], config: dict, turns: int,
@@ -101,7 +101,7 @@ def taking_turns(configs: dict[str, tuple[str, Optional[dict], bool]], config: d
             log = stack.enter_context(open(Path(tmp) / f"log{i}", "w+"))
             proc = subprocess.Popen(_argv(program, mode, 1, launcher=launcher), env=rank_env(1, env, mode),
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            stack.callback(_kill_tree, proc)
+            stack.callback(kill_tree, proc)
             started[name] = _Turns(proc, log, go, done)
         for name, one in started.items():  # every process warmed up and waiting before the first turn
             one.connect(name)
@@ -115,7 +115,7 @@ def taking_turns(configs: dict[str, tuple[str, Optional[dict], bool]], config: d
         return samples
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
+def kill_tree(proc: subprocess.Popen) -> None:
     """Kill a process that is still running and everything it started: torchrun and mpirun start ranks
     in sessions or process groups of their own, so its process group is not enough."""
     for pid in [*procs.descendants(proc.pid), proc.pid] if proc.poll() is None else []:
@@ -169,6 +169,6 @@ class _Turns:
         try:
             self.proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            pass  # _kill_tree kills it
+            pass  # kill_tree kills it
         if self.done is not None:
             os.close(self.done)

@@ -221,3 +221,23 @@ def _cannot_run_here(quick):
 
 def _runs_anywhere(quick):
     return Comparison("can", "one", "ms", False, "a", [Row("a", [1.0])])
+
+
+def test_a_network_run_ends_when_one_of_its_processes_fails_or_outlives_the_others():
+    """The emulated network's runs start a process per node (DDP: a torchrun each); a peer that fails, or
+    ends while another waits on, must end the wait at once or within the grace, not after the timeout."""
+    from hvdk8s.bench.network import _wait_all
+    from hvdk8s.bench.ranks import kill_tree
+
+    def started(*commands):
+        return [subprocess.Popen(["sh", "-c", c]) for c in commands]
+
+    runs = [started("exit 0", "exit 0"), started("sleep 600", "exit 3"), started("exit 0", "sleep 600")]
+    try:
+        assert _wait_all(runs[0], timeout=600, grace=600) == ""
+        assert _wait_all(runs[1], timeout=600, grace=600) == "process 1 failed"
+        assert runs[1][0].poll() is None  # the caller kills the rest (kill_tree)
+        assert _wait_all(runs[2], timeout=600, grace=0.5) == "process 1 still running 0.5s after another ended"
+    finally:
+        for proc in (p for run in runs for p in run):
+            kill_tree(proc)
