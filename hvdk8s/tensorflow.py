@@ -374,6 +374,27 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, b
     return dist
 
 
+def loss_scaled(dist: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """`dist` (a distributed plain optimizer, not yet built) as a distributed LossScaleOptimizer around a
+    plain copy of it, with the same reduction, passes per step and local variables: what Keras 3's compile
+    makes of an optimizer under the mixed_float16 policy (it wraps it in a LossScaleOptimizer), with the
+    allreduce before the finiteness check rather than inside the inner optimizer, where a rank whose
+    gradients overflowed would skip it and the others wait forever."""
+    if dist.built or isinstance(dist, (_tf_sharded.Sharded, _tf_powersgd.PowerSGD)):
+        raise ValueError("under the mixed_float16 policy, distribute a keras.optimizers.LossScaleOptimizer "
+                         "yourself: Keras's compile would wrap this distributed optimizer in one, and a rank "
+                         "whose gradients overflow would skip the allreduce the others wait in")
+    config = dist.get_config()
+    passes = config.pop("gradient_accumulation_steps", None) or 1
+    plain = type(dist).__bases__[-1].from_config(config)  # _named_like puts the user's class last
+    _keep_weight_decay_exclusions(dist, plain)
+    scaled = distributed_optimizer(keras.optimizers.LossScaleOptimizer(plain), dist._hvdk8s_reduce, passes,
+                                   scale_local_gradients=dist._hvdk8s_scale_local,
+                                   count_micro_batches=isinstance(dist, _MicroBatchIterations))
+    object.__setattr__(scaled, "_hvdk8s_local", dist._hvdk8s_local)
+    return scaled
+
+
 def _keep_weight_decay_exclusions(source, target) -> None:
     """What `exclude_from_weight_decay` set on `source` (which get_config does not carry), on `target`."""
     for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):

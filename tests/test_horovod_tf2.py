@@ -27,32 +27,34 @@ def mnist_like(path):
     return path
 
 
-def test_the_synthetic_benchmark_runs_and_leaves_the_ranks_equal(tmp_path):
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """The synthetic benchmark and both MNIST examples in one launch (tests/ranks/hvd_tf2_examples.py):
+    its output and the three scripts' folders."""
+    out = tmp_path_factory.mktemp("hvd-tf2-examples")
+    proc = run_ranks("hvd_tf2_examples.py", mnist_like(out / "mnist.npz"), out)
+    return proc, out / "synthetic", out / "tape", out / "keras"
+
+
+def test_the_synthetic_benchmark_runs_and_leaves_the_ranks_equal(examples):
     """DistributedGradientTape in a tf.function, then broadcast_variables of model.variables and of
-    opt.variables() after the first step (what failed on Keras 3 with 'Variable' object has no attribute 'ref').
-    The trainable variables end equal (batch normalization's moving statistics follow each rank's own data).
-    With --fp16-allreduce, the example's compression path; the tape without compression is the equivalence
-    tests' (below), which also check fp16 against one process. On a convnet with batch normalization (the
-    moving statistics are what model.variables adds to the trainable ones): a Keras application's tracing
-    cost two ranks 30 CPU-seconds more and reaches no other part of hvdk8s."""
-    proc = run_ranks("hvd_tf2_synthetic.py", tmp_path, "--fp16-allreduce", "--model", "batch-norm-convnet")
-    r0, r1 = rank_results(tmp_path)
+    opt.variables() after the first step (what failed on Keras 3 with 'Variable' object has no attribute 'ref'),
+    on a Keras application (MobileNetV3Small, the example's --model here; its batch normalization's moving
+    statistics are what model.variables adds to the trainable ones). The trainable variables end equal
+    (the moving statistics follow each rank's own data). With --fp16-allreduce, the example's compression
+    path; the tape without compression is the equivalence tests' (below), which also check fp16 against
+    one process."""
+    proc, out, _, _ = examples
+    r0, r1 = rank_results(out)
     assert r0["size"] == 2 and r0["initial"] != r1["initial"], "the ranks should start from different weights"
     assert r0["final"] == r1["final"] and r0["optimizer"] == r1["optimizer"]
     assert r0["iterations"] == 1 + 2 + 3 * 2
+    assert "Model: MobileNetV3Small," in proc.stdout
     assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", proc.stdout), proc.stdout
 
 
-@pytest.fixture(scope="module")
-def mnist_runs(tmp_path_factory):
-    """Both MNIST examples in one launch (tests/ranks/hvd_tf2_mnist_both.py): their output and folders."""
-    out = tmp_path_factory.mktemp("hvd-tf2-mnist")
-    proc = run_ranks("hvd_tf2_mnist_both.py", mnist_like(out / "mnist.npz"), out)
-    return proc, out / "tape", out / "keras"
-
-
-def test_the_gradient_tape_mnist_training_learns(mnist_runs):
-    proc, out, _ = mnist_runs
+def test_the_gradient_tape_mnist_training_learns(examples):
+    proc, _, out, _ = examples
     r0, r1 = rank_results(out)
     assert r0["weights"] == r1["weights"]
     assert np.mean(r0["last_losses"]) < 0.5 * np.mean(r0["first_losses"]), r0
@@ -60,8 +62,8 @@ def test_the_gradient_tape_mnist_training_learns(mnist_runs):
     assert list((out / "checkpoints").glob("ckpt-1.index"))
 
 
-def test_the_keras_mnist_training_learns_with_the_callbacks(mnist_runs):
-    proc, _, out = mnist_runs
+def test_the_keras_mnist_training_learns_with_the_callbacks(examples):
+    proc, _, _, out = examples
     r0, r1 = rank_results(out)
     assert r0["weights"] == r1["weights"]
     assert r0["history"] == r1["history"], "MetricAverageCallback gives every rank the same metrics"

@@ -9,6 +9,7 @@ hvd = pytest.importorskip("hvdk8s.horovod.tensorflow")
 import horovod.tensorflow as horovod_tf  # noqa: E402
 import horovod.tensorflow.keras as horovod_keras  # noqa: E402
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import hvdk8s.horovod.tensorflow.keras as hvdk  # noqa: E402
 
@@ -69,6 +70,8 @@ def test_keras_3_takes_the_tf_keras_2_spellings_of_horovods_scripts():
     assert opt.lr is opt.learning_rate
     opt.lr = 0.5
     assert float(opt.learning_rate) == 0.5
+    tf.keras.backend.set_value(opt.lr, 0.25)  # as Horovod's elastic Keras example resets the rate
+    assert float(opt.learning_rate) == 0.25 and tf.keras.backend.get_value(opt.lr) == 0.25
     lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
     assert lso.variables() == lso.variables
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -77,6 +80,33 @@ def test_keras_3_takes_the_tf_keras_2_spellings_of_horovods_scripts():
     assert model.jit_compile is False  # Horovod's ops have no XLA kernels
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=True)
     assert model.jit_compile is True  # a plain optimizer: Keras 3's choice stands
+
+
+def test_compile_under_mixed_float16_loss_scales_with_the_allreduce_before_the_overflow_check():
+    """Keras 3's compile wraps the optimizer in a LossScaleOptimizer under mixed_float16 (Horovod's elastic
+    Keras example turns it on with --use-mixed-precision): wrapping the distributed optimizer would put the
+    allreduce behind the overflow check, where a rank that overflowed alone skips it. The model gets the
+    distributed LossScaleOptimizer instead (its 2-rank overflow behaviour: test_precision), the settings kept."""
+    from hvdk8s import tensorflow as htf
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        dist = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.25, momentum=0.5), backward_passes_per_step=2,
+                                         compression=hvd.Compression.fp16)
+        model.compile(optimizer=dist, loss="mse", experimental_run_tf_function=False)
+        opt = model.optimizer
+        assert isinstance(opt, keras.optimizers.LossScaleOptimizer) and isinstance(opt, htf._Distributed)
+        inner = opt.inner_optimizer
+        assert isinstance(inner, keras.optimizers.SGD) and not isinstance(inner, htf._Distributed)
+        assert isinstance(inner, htf._MicroBatchIterations)  # iterations in micro-batches, as Horovod's
+        assert (float(inner.learning_rate), inner.momentum, inner.gradient_accumulation_steps) == (0.25, 0.5, 2)
+        assert opt._hvdk8s_reduce == dist._hvdk8s_reduce
+        model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                      auto_scale_loss=False)
+        assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def test_distributed_optimizer_keeps_class_settings_and_state():
