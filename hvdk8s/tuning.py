@@ -34,9 +34,9 @@ that 2-rank step 0.90x DDP's time against 1.04x without (docs/performance.md: DD
 A rank's resident memory then stays near its peak instead of falling between steps. Where the rank's
 environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
 
-SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a job of one rank for good, on CPU (the profile of
-a rank that sees a GPU is `none` under `auto`; there a script's raw hvd.allreduce per step would wait for
-the cycle): Horovod's background thread wakes every cycle (1 ms by default) even with no peer, and on
+SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a job of one rank for good, on CPU only, whatever
+the profile (the profile of a rank that sees a GPU is `none` under `auto`, and even a `shared-cpu` GPU job
+keeps Horovod's cycle: there a script's raw hvd.allreduce per step would wait for the cycle): Horovod's background thread wakes every cycle (1 ms by default) even with no peer, and on
 CPU each wake-up interrupts one of the step's intra-op threads, which the others then wait for at the
 region's barrier. A 1-rank Transformer step took 1.053x and 1.077x a plain PyTorch step with the 1 ms
 cycle (two runs of 10 interleaved rounds), 0.973x and 1.025x with 20 ms (10 and 60 rounds; this
@@ -99,7 +99,8 @@ def resolve(choice: str, gpus: bool) -> str:
 def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> dict[str, str]:
     """The variables the profile gives ranks placed as `placement`, whose own environment (the user's or the
     job's `kubernetes.env`) is `env`: PROFILE_ENV, then, for `shared-cpu`, each setting `env` does not name
-    (`defaults`), HOROVOD_CYCLE_TIME for a job of one rank for good, and LD_PRELOAD with the sleepy
+    (`defaults`), HOROVOD_CYCLE_TIME for a job of one rank for good that sees no GPU (even where
+    `shared-cpu` is chosen for a GPU job), and LD_PRELOAD with the sleepy
     negotiation ahead of `env`'s own preloads for more than one rank of Open MPI (a single rank has no peer
     to wait for). Only these are added to the ranks' environment: nothing else, nowhere else."""
     profile = resolve(choice, placement.gpus)
@@ -107,7 +108,7 @@ def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> di
     if profile == "none":
         return out
     wanted = defaults(env)
-    if placement.ranks == 1 and not placement.elastic:
+    if placement.ranks == 1 and not placement.elastic and not placement.gpus:  # measured on CPU only
         wanted.update(SINGLE_RANK)
     out.update({name: value for name, value in wanted.items() if name not in env})
     # Elastic jobs run on Gloo, whose negotiation is not an MPI_Allreduce: nothing there to preload for.

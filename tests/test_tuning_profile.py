@@ -94,6 +94,10 @@ def test_a_gpu_jobs_mpijob_has_none_of_the_cpu_box_settings(case):
 def test_a_one_gpu_job_keeps_horovods_cycle():
     env, _ = rendered("gpu-1x8", "resources.gpus=1")
     assert profile_of(env) == {tuning.PROFILE_ENV: "none"}
+    # the single-rank cycle was measured on CPU only: not even a chosen shared-cpu gives a GPU rank it
+    forced = tuning.profile_env("shared-cpu", tuning.Placement(ranks=1, gpus=True), {})
+    assert forced[tuning.PROFILE_ENV] == "shared-cpu" and "HOROVOD_CYCLE_TIME" not in forced
+    assert tuning.profile_env("shared-cpu", tuning.Placement(ranks=1, gpus=False), {})["HOROVOD_CYCLE_TIME"] == "20"
 
 
 def test_the_cpu_mpijob_shows_the_whole_profile_as_plain_env_forwarded_to_every_rank():
@@ -193,6 +197,7 @@ PRIVATE_PATH_MODES = {
     "as-written": None,
     "version": "Horovod 0.28.1 is not 0.0.0",
     "self-check": "their self-check allreduced",
+    "signature": "their self-check failed: TypeError: ",
     "late-wait": "their sleeping wait returned before the allreduce was done",
 }
 

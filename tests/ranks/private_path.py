@@ -4,6 +4,8 @@ to Horovod's public path:
   as-written  nothing: hvdk8s's direct launch and sleeping wait run
   version     another Horovod release than the one they were written for
   self-check  a direct launch whose result differs from Horovod's (it doubles the gradient it enqueues)
+  signature   a Horovod whose C enqueue functions have the same names and another signature (one more
+              argument): the direct launch's call raises TypeError, Horovod's own path is unchanged
   late-wait   a sleeping wait that returns before the allreduce is done
 Before each, rank 0 writes `MODE <mode>` on stderr (where hvdk8s says why it falls back), and each mode's
 simulation is undone after it. Writes OUT/rank<r>.json: {mode: which path the optimizer took, and whether
@@ -11,6 +13,7 @@ one step's averaged gradients equal the mean of both ranks' own}."""
 import copy
 import json
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -23,6 +26,18 @@ ht.init()
 rank = ht.rank()
 written_for, written_launch, written_wait, real_poll = (_torch_launch.HOROVOD_WRITTEN_FOR, _torch_launch.direct_launch,
                                                         ht._wait_asleep_for, ht.hvd.poll)
+real_mpi_ops = _torch_launch.mpi_ops
+
+
+class OtherSignatures:
+    """Horovod's C library as a later release might have it: each function wants one more argument."""
+
+    def __getattr__(self, name):
+        real = getattr(real_mpi_ops.mpi_lib, name)
+
+        def enqueue(tensor, output, divisor, name, op, prescale, postscale, process_set_id, priority):
+            return real(tensor, output, divisor, name, op, prescale, postscale, process_set_id)
+        return enqueue
 
 
 def doubling(optimizer):
@@ -39,6 +54,9 @@ def simulate(mode: str) -> None:
         _torch_launch.HOROVOD_WRITTEN_FOR = "0.0.0"
     elif mode == "self-check":
         _torch_launch.direct_launch = doubling
+    elif mode == "signature":  # seen by hvdk8s's launch only: Horovod's own module keeps its library
+        _torch_launch.mpi_ops = types.SimpleNamespace(**vars(real_mpi_ops))
+        _torch_launch.mpi_ops.mpi_lib = OtherSignatures()
     elif mode == "late-wait":
         ht._wait_asleep_for = lambda handles: None
         ht.hvd.poll = lambda handle: False  # what a wait that returned at once may find: not done yet
@@ -47,6 +65,7 @@ def simulate(mode: str) -> None:
 def undo() -> None:
     _torch_launch.HOROVOD_WRITTEN_FOR, _torch_launch.direct_launch = written_for, written_launch
     ht._wait_asleep_for, ht.hvd.poll = written_wait, real_poll
+    _torch_launch.mpi_ops = real_mpi_ops
 
 
 def one_step(mode: str) -> dict:
