@@ -56,11 +56,21 @@ def run_json(module: str, config: dict, mode: str, np: int, env: Optional[dict] 
         program = [sys.executable, "-m", module, json.dumps({**config, "out": str(out)})]
         proc = subprocess.run(_argv(program, mode, np, controller, launcher), env=rank_env(np, env, mode),
                               capture_output=True, text=True, timeout=TIMEOUT)
-        if proc.returncode != 0 or not out.exists():
+        if proc.returncode != 0 and out.exists() and _aborted_at_exit(proc, mode):
+            print(f"  ({mode} x{np}: a gloo rank aborted at exit after the result was written; result kept)",
+                  file=sys.stderr, flush=True)
+        elif proc.returncode != 0 or not out.exists():
             # stderr too: torchrun (ddp) and a rank's traceback write there, not to stdout
             raise BenchError(f"{mode} x{np} {module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
                              f"{proc.stderr[-3000:]}")
         return json.loads(out.read_text())
+
+
+def _aborted_at_exit(proc: subprocess.CompletedProcess, mode: str) -> bool:
+    """Whether a torchrun's only failure is a gloo rank's abort as it exited (the ranks write their result
+    after the last barrier, so the measurement is whole): a rare flake that otherwise ends an hour-long
+    `hvdk8s bench` (2026-12-04: a full run's `peers` ended so after 16 minutes, Mode.close notwithstanding)."""
+    return mode == "ddp" and "terminate called without an active exception" in proc.stderr
 
 
 def step_seconds(config: dict, mode: str, np: int, env: Optional[dict] = None,

@@ -118,10 +118,11 @@ class Mode:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        """End the process group before the interpreter does: a gloo rank left to exit with its group
-        alive sometimes aborts ("terminate called without an active exception", SIGABRT) once its peer
-        has gone, which fails the whole torchrun."""
+        """End the process group before the interpreter does, once every rank is here: a gloo rank left to
+        exit with its group alive, or ending it while its peer has already gone, sometimes aborts
+        ("terminate called without an active exception", SIGABRT), which fails the whole torchrun."""
         if self.kind == "ddp":
+            self.lib.barrier()
             self.lib.destroy_process_group()
 
 
