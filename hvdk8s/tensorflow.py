@@ -154,6 +154,7 @@ class _Distributed:
     _hvdk8s_reduce: dict = {}
     _hvdk8s_scale_local = True  # a local variable's gradient divided by the ranks' number (Horovod's default)
     _hvdk8s_local: frozenset = frozenset()  # ids of the variables registered local
+    _hvdk8s_reduced_outside = False  # within an apply of a LossScaleOptimizer around it (loss_scaled)
 
     def register_local_var(self, var) -> None:
         """Horovod's: `var`'s gradient stays this rank's own, not reduced over the ranks (divided by their
@@ -209,6 +210,8 @@ class _ReduceBeforeClip(_Distributed):
     _hvdk8s_marks: list = []
 
     def apply(self, grads, trainable_variables=None):
+        if self._hvdk8s_reduced_outside:  # the LossScaleOptimizer around it has reduced them
+            return super().apply(grads, trainable_variables)
         # Reduce only within this apply (also while model.fit traces it): the base class's apply called
         # directly, `keras.optimizers.SGD.apply(opt, ...)`, stays a local step, as it always was.
         grads = list(grads)
@@ -245,6 +248,24 @@ class _ReduceInApply(_Distributed):
         for i, g in zip(present, reduced):
             grads[i] = g
         return super().apply(grads, trainable_variables)
+
+
+class _ReduceAroundInner(_ReduceInApply):
+    """The LossScaleOptimizer that `loss_scaled` puts around a distributed optimizer: it reduces every
+    micro-batch before its overflow check (as _ReduceInApply), and within its apply the inner optimizer,
+    which would reduce again, takes the gradients as they are. The inner optimizer stays the user's own
+    object (its state, its learning rate, its local variables: registered on either, held by the inner)."""
+
+    _hvdk8s_local = property(lambda self: self.inner_optimizer._hvdk8s_local,
+                             lambda self, ids: object.__setattr__(self.inner_optimizer, "_hvdk8s_local", ids))
+
+    def apply(self, grads, trainable_variables=None):
+        inner = self.inner_optimizer
+        object.__setattr__(inner, "_hvdk8s_reduced_outside", True)  # read while apply runs or is traced
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            object.__setattr__(inner, "_hvdk8s_reduced_outside", False)
 
 
 def distribute(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, compression: str = "auto",
@@ -374,25 +395,23 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, reduce: dict, b
     return dist
 
 
+def is_distributed(optimizer: Any) -> bool:
+    """Whether `optimizer` is one that `distribute` (or distributed_optimizer) made."""
+    return isinstance(optimizer, (_Distributed, _tf_sharded.Sharded))
+
+
 def loss_scaled(dist: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    """`dist` (a distributed plain optimizer, not yet built) as a distributed LossScaleOptimizer around a
-    plain copy of it, with the same reduction, passes per step and local variables: what Keras 3's compile
-    makes of an optimizer under the mixed_float16 policy (it wraps it in a LossScaleOptimizer), with the
-    allreduce before the finiteness check rather than inside the inner optimizer, where a rank whose
-    gradients overflowed would skip it and the others wait forever."""
-    if dist.built or isinstance(dist, (_tf_sharded.Sharded, _tf_powersgd.PowerSGD)):
+    """A LossScaleOptimizer around `dist` (a distributed plain optimizer) that reduces before its overflow
+    check: what Keras 3's compile should wrap it in under the mixed_float16 policy. Keras's own wrapper
+    checks each rank's local gradients, and a rank whose gradients overflowed alone would skip the inner
+    optimizer's allreduce while the others wait in it forever."""
+    if isinstance(dist, (_tf_sharded.Sharded, _tf_powersgd.PowerSGD)):
         raise ValueError("under the mixed_float16 policy, distribute a keras.optimizers.LossScaleOptimizer "
                          "yourself: Keras's compile would wrap this distributed optimizer in one, and a rank "
-                         "whose gradients overflow would skip the allreduce the others wait in")
-    config = dist.get_config()
-    passes = config.pop("gradient_accumulation_steps", None) or 1
-    plain = type(dist).__bases__[-1].from_config(config)  # _named_like puts the user's class last
-    _keep_weight_decay_exclusions(dist, plain)
-    scaled = distributed_optimizer(keras.optimizers.LossScaleOptimizer(plain), dist._hvdk8s_reduce, passes,
-                                   scale_local_gradients=dist._hvdk8s_scale_local,
-                                   count_micro_batches=isinstance(dist, _MicroBatchIterations))
-    object.__setattr__(scaled, "_hvdk8s_local", dist._hvdk8s_local)
-    return scaled
+                         "whose gradients overflow would skip the collective the others wait in")
+    cls = _named_like(keras.optimizers.LossScaleOptimizer, (_ReduceAroundInner,),
+                      {"_hvdk8s_reduce": dict(dist._hvdk8s_reduce), "_hvdk8s_scale_local": dist._hvdk8s_scale_local})
+    return cls(dist, name="loss_scale_optimizer")
 
 
 def _keep_weight_decay_exclusions(source, target) -> None:

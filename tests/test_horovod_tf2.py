@@ -130,10 +130,16 @@ def test_distributed_optimizer_equals_one_process_on_the_whole_batch(equivalence
         assert opt["fit_none"]["max_abs_diff"] < 1e-6 and not opt["fit_none"]["jit_compile"], opt
         assert opt["fit_none"]["loss"] == pytest.approx(opt["fit_none"]["ref_loss"], rel=1e-5)
         assert opt["fit_fp16"]["max_abs_diff"] < 1e-3, opt
+        # mixed_float16: rank 0's overflow skipped the step on both ranks (one of two applied, the scale
+        # halved once from 2^15), and the optimizer given to compile is the one that trained
+        mixed = opt["fit_mixed_float16"]
+        assert mixed["inner_is_yours"] and mixed["iterations"] == 1 and mixed["scale"] == 2.0 ** 14, mixed
         # register_local_var: the registered kernel took this rank's own gradient / size, the rest the average;
         # the optimizer's state is a plain SGD's (nothing of the registration is tracked as a variable).
         assert opt["local_var"]["max_abs_diff"] < 1e-6, opt["local_var"]
         assert opt["local_var"]["variables"][0] == opt["local_var"]["variables"][1], opt["local_var"]
+    assert equivalence[0]["optimizer"]["fit_mixed_float16"]["weights"] == \
+        equivalence[1]["optimizer"]["fit_mixed_float16"]["weights"]
 
 
 def test_broadcast_sync_batch_norm_and_value_collectives(equivalence):

@@ -178,6 +178,28 @@ for compression in ("none", "fp16"):
     eq[f"fit_{compression}"] = {"max_abs_diff": diff(model, ref), "loss": hist.history["loss"],
                                 "ref_loss": rhist.history["loss"], "jit_compile": bool(model.jit_compile)}
 
+# model.fit under the mixed_float16 policy (Horovod's elastic Keras example's --use-mixed-precision): compile
+# wraps the distributed optimizer in a LossScaleOptimizer that reduces before its overflow check. Rank 0's
+# second batch overflows float16 and rank 1's does not: both must skip that step (halving the scale) and
+# go on in step; with the check before the reduction, rank 0 would skip the allreduce rank 1 waits in.
+keras.mixed_precision.set_global_policy("mixed_float16")
+try:
+    model, _ = twins()
+    dist = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=dist, loss=xent, experimental_run_tf_function=False)
+    x, y = X[:2].reshape(-1, 12).copy(), Y[:2].reshape(-1)
+    idx = np.concatenate([np.arange(b * 32 + rank * half, b * 32 + (rank + 1) * half) for b in range(2)])
+    x = x[idx]
+    if rank == 0:
+        x[half:] *= 1e6  # past float16's 65504 in the first layer
+    model.fit(x, y[idx], batch_size=half, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    eq["fit_mixed_float16"] = {
+        "inner_is_yours": model.optimizer.inner_optimizer is dist, "scale": float(model.optimizer.dynamic_scale),
+        "iterations": int(dist.iterations), "weights": [np.asarray(v).tolist() for v in model.trainable_variables]}
+finally:
+    keras.mixed_precision.set_global_policy("float32")
+
 # broadcast_variables of model.variables and of optimizer.variables / optimizer.variables().
 model, _ = twins()
 opt = keras.optimizers.Adam(0.01)

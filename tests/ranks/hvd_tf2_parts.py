@@ -30,29 +30,13 @@ def build_mnist_model() -> tf.keras.Model:
     ])
 
 
-def build_batch_norm_convnet() -> tf.keras.Model:
-    """A convnet with batch normalization for 32x32 images, built at once: trainable variables from the
-    first step, and moving statistics (non-trainable variables, each rank's own) as in a Keras application."""
-    return tf.keras.Sequential([
-        tf.keras.Input(shape=(32, 32, 3)),
-        tf.keras.layers.Conv2D(8, [3, 3]),
-        tf.keras.layers.BatchNormalization(),
-        tf.keras.layers.ReLU(),
-        tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(10, activation="softmax"),
-    ])
-
-
 def benchmark_model(name: str) -> tf.keras.Model:
     """The synthetic benchmarks' model: a Keras application by name (as the examples' `--model`), built
     for 32x32 images of 10 classes; or, for a test whose point is the API rather than the model (tracing a
     Keras application costs two ranks on a shared CPU tens of seconds), "convnet": the MNIST convnet above
-    on them, or "batch-norm-convnet"."""
+    on them."""
     if name == "convnet":
         return build_mnist_model()
-    if name == "batch-norm-convnet":
-        return build_batch_norm_convnet()
     return getattr(tf.keras.applications, name)(weights=None, input_shape=(32, 32, 3), classes=10)
 
 

@@ -41,7 +41,7 @@ from horovod.tensorflow import (  # noqa: F401  Horovod's own names, re-exported
 from hvdk8s import _adapter, tensorflow as _htf
 from hvdk8s.horovod.tensorflow import _keras2
 
-_keras2.install(lambda optimizer: isinstance(optimizer, _htf._Distributed), _htf.loss_scaled)
+_keras2.install(_htf.is_distributed, _htf.loss_scaled)
 
 
 def init(comm=None, process_sets=None) -> None:

@@ -11,9 +11,10 @@
   so it is accepted and dropped. A model compiled with a Horovod-distributed optimizer and
   `jit_compile="auto"` (Keras 3's default, XLA on GPUs) compiles without XLA: Horovod's ops have no XLA
   kernels, and tf.keras 2's fit did not use XLA unless asked. Under the mixed_float16 policy, Keras 3's
-  compile wraps the optimizer in a LossScaleOptimizer; a distributed one is given the distributed
-  LossScaleOptimizer instead (`loss_scaled`), which reduces before its overflow check, as tf.keras 2's
-  did under Horovod (a rank that overflowed alone would otherwise skip the allreduce the others wait in).
+  compile wraps the optimizer in a LossScaleOptimizer; around a distributed one it gets one that
+  reduces before its overflow check (`loss_scaled`; the optimizer given to compile stays the one that
+  holds the state), as tf.keras 2 did under Horovod: Keras's own would check each rank's gradients
+  first, and a rank that overflowed alone would skip the allreduce the others wait in.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _set_value(x, value) -> None:
 
 def install(is_distributed, loss_scaled) -> None:
     """Install the spellings (once). `is_distributed(optimizer)`: whether compile should leave XLA off;
-    `loss_scaled(optimizer)`: the distributed LossScaleOptimizer compile uses under mixed_float16."""
+    `loss_scaled(optimizer)`: the LossScaleOptimizer compile wraps it in under mixed_float16."""
     if getattr(Trainer.compile, "_hvdk8s_keras2", False):
         return
     for cls in _optimizer_classes():
