@@ -103,6 +103,14 @@ def pytest_collection_modifyitems(config, items) -> None:
 CPU_SPENT: dict[str, float] = collections.defaultdict(float)
 CPU_BY_UNIT: dict[str, float] = collections.defaultdict(float)
 WALL_BY_UNIT: dict[str, float] = collections.defaultdict(float)
+# With HVDK8S_TEST_TIMES: each test phase's [worker, nodeid, phase, start, stop] and, at each report, the
+# machine's idle and total CPU ticks (/proc/stat): where the streams left the cores idle.
+TIMELINE: list[list] = []
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)  # idle + iowait, all
 
 
 def _cpu_seconds() -> float:
@@ -134,6 +142,9 @@ def pytest_runtest_logreport(report) -> None:
     unit = workgroups.work_unit(report.nodeid, Path(__file__).parent.parent)
     unit = unit if unit in workgroups.STREAMS else "other"
     WALL_BY_UNIT[unit] += report.duration
+    if os.environ.get("HVDK8S_TEST_TIMES"):
+        TIMELINE.append([getattr(report, "worker_id", None), report.nodeid, report.when, report.start, report.stop,
+                         time.time(), *_cpu_ticks()])
     spent = dict(report.user_properties).get("cpu_s") if report.when == "teardown" else None
     if spent is not None:
         CPU_SPENT[report.nodeid] += spent
@@ -143,6 +154,7 @@ def pytest_runtest_logreport(report) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     if CPU_SPENT and os.environ.get("HVDK8S_TEST_TIMES"):  # every test's CPU seconds, for a closer look
         Path(os.environ["HVDK8S_TEST_TIMES"]).write_text(json.dumps(dict(CPU_SPENT), indent=0))
+        Path(os.environ["HVDK8S_TEST_TIMES"] + ".timeline").write_text(json.dumps(TIMELINE))
     if CPU_SPENT:
         terminalreporter.section("CPU seconds (this process and the ones it reaped): by stream, file, slowest 30")
         for unit in sorted(CPU_BY_UNIT, key=lambda u: -CPU_BY_UNIT[u]):

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from conftest import OPERATOR_CRD, elastic_launch, events_of, invoke
+from conftest import OPERATOR_CRD, cli, elastic_launch, events_of, invoke
 from hvdk8s.data.rankplans import plan_epoch, unread_after
 
 ELASTIC = {"min_workers": 1, "max_workers": 2, "commit_every_steps": 4}
@@ -52,33 +52,59 @@ def _held_job(job_file, framework: str, epochs: int, **training) -> Path:
     return job
 
 
+SHARDED = {"shard_optimizer_state": 2, "optimizer": "adamw", "learning_rate": 0.003, "weight_decay": 0.01,
+           "clip_grad_norm": 5.0, "precision": "bf16"}
+
+
 @pytest.mark.ranks
 # PyTorch runs sharded (stage 2), which takes the whole elastic path of an unsharded job and re-shards on
 # top, and with PowerSGD, whose errors and Q matrices are reset at each change; TensorFlow with PowerSGD,
 # likewise the whole path of a plain job plus the reset; the unsharded PyTorch job loses and regains a
-# worker on the real node (test_cluster_node.py).
-@pytest.mark.parametrize("framework, training, target", [
-    ("tensorflow", {"compression": "powersgd"}, 0.93), ("pytorch", {"shard_optimizer_state": 2}, 0.95),
-    ("pytorch", {"compression": "powersgd"}, 0.93), ("tensorflow", {"shard_optimizer_state": 2}, 0.95)],
+# worker on the real node (test_cluster_node.py). Each run's last checkpoint then resumes in a plain
+# launch: PowerSGD's Q matrices and mean error at 1 rank; the sharded state (saved unsharded) at another
+# stage on 2 ranks, the trainer's start-up broadcast of a sharded optimizer outside elastic training.
+@pytest.mark.parametrize("framework, training, target, ranks, resumed, resumed_target", [
+    ("tensorflow", {"compression": "powersgd"}, 0.93, 1, {}, 0.85),
+    ("pytorch", SHARDED, 0.93, 2, {"shard_optimizer_state": 1}, 0.9),
+    ("pytorch", {"compression": "powersgd"}, 0.93, 1, {}, 0.9),
+    ("tensorflow", SHARDED, 0.93, 2, {"shard_optimizer_state": 1}, 0.9)],
     ids=["tensorflow-powersgd", "pytorch-sharded", "pytorch-powersgd", "tensorflow-sharded"])
 def test_elastic_run_goes_from_2_to_1_to_2_ranks_and_reaches_the_target(job_file, tmp_path, framework, training,
-                                                                       target):
+                                                                       target, ranks, resumed, resumed_target):
     """The discovery script offers 2 slots, then 1 once epoch 2 is reported, then 2 again once the job says it
     runs on 1 rank. The launch must report both changes, train every epoch and reach its target on digits
-    (95%; 93% with PowerSGD at rank 4, which keeps about 98.6% of the accuracy). (Elastic runs on Horovod's
-    Gloo controller: this is also the test that Gloo trains; test_launch.py's gloo-die case starts a
-    non-elastic --gloo launch.) Sharded (training.shard_optimizer_state): the optimizer state is re-sharded
-    from 2 ranks to 1 and back."""
-    epochs = 8
-    code, out, taken = elastic_launch(_held_job(job_file, framework, epochs, **training), tmp_path, [
+    (93% with PowerSGD at rank 4, which keeps about 98.6% of the accuracy; sharded, with AdamW, weight decay,
+    clipping and bf16). (Elastic runs on Horovod's Gloo controller: this is also the test that Gloo trains;
+    test_launch.py's gloo-die case starts a non-elastic --gloo launch.) Sharded
+    (training.shard_optimizer_state): the optimizer state is re-sharded from 2 ranks to 1 and back. Then
+    its newest checkpoint resumes in a plain launch (not elastic, the digits not held) of `ranks` ranks for
+    one epoch more, sharded at another stage (the checkpoint is in the unsharded format)."""
+    epochs, ckpt = 8, tmp_path / "ckpt"
+    job = _held_job(job_file, framework, epochs, checkpoint={"dir": str(ckpt)}, **training)
+    code, out, taken = elastic_launch(job, tmp_path, [
         (lambda e: e["event"] == "epoch" and e["epoch"] == 2, lambda hosts: hosts.write_text("localhost:1\n")),
         (lambda e: e["event"] == "elastic" and e["ranks"] == 1, lambda hosts: hosts.write_text("localhost:2\n")),
         (lambda e: e["event"] == "elastic" and e["ranks"] == 2, lambda hosts: None)], log_format="json")
     assert code == 0, out
     assert taken == 3, f"the job did not go 2 -> 1 -> 2 ranks:\n{out}"
     assert events_of(out, "epoch")[-1]["epoch"] == epochs, out
+    assert events_of(out, "start")[0]["compression"] == training.get("compression", "none"), out
     [done] = events_of(out, "done")
     assert done["test_accuracy"] >= target, out
+
+    plain = yaml.safe_load(job.read_text())
+    plain["dataset"] = {"name": "digits", "test_fraction": 0.2}  # as held_digits splits them
+    del plain["training"]["elastic"]
+    plain["training"].update(epochs=epochs + 1, **resumed)
+    job.write_text(yaml.safe_dump(plain))
+    again = cli("launch", "--local", "-np", ranks, job, "--log-format", "json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [(e["path"], e["epoch"]) for e in events_of(again.stdout, "resume")] == \
+        [(str(ckpt / f"epoch-{epochs:05d}.ckpt"), epochs)], again.stdout
+    assert [e["ranks"] for e in events_of(again.stdout, "start")] == [ranks], again.stdout
+    assert [(e["epoch"], e["epochs"]) for e in events_of(again.stdout, "epoch")] == [(epochs + 1, epochs + 1)]
+    [done] = events_of(again.stdout, "done")
+    assert done["test_accuracy"] >= resumed_target, again.stdout
 
 
 def test_elastic_bounds_are_checked_where_they_are_given(job_file, tmp_path):

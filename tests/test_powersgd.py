@@ -1,12 +1,13 @@
 """PowerSGD gradient compression (training.compression: powersgd), both frameworks: the job file's fields,
 real Horovod ranks (tests/ranks/powersgd.py, powersgd_tf.py: the steps traced as model.fit traces them)
-against plain averaging and against the algorithm written out, and hvdk8s's trainer end to end, resumed at
-another rank count. The TensorFlow instances run in the TensorFlow rank stream (their ids name it)."""
+against plain averaging and against the algorithm written out. The TensorFlow instances run in the
+TensorFlow rank stream (their ids name it). The trainer end to end with PowerSGD, elastic and resumed at
+another rank count: tests/test_elastic.py."""
 from __future__ import annotations
 
 import pytest
 
-from conftest import DIGITS_JOB, cli, events_of, invoke, rank_results, run_ranks
+from conftest import DIGITS_JOB, invoke, rank_results, run_ranks
 
 pytestmark = pytest.mark.after_the_node  # its rank tests: the third rank stream (tests/workgroups.py)
 
@@ -77,26 +78,3 @@ def test_a_saved_state_holds_the_ranks_mean_error_and_continues_the_run_exactly(
             assert resumed["refused"] == ["the checkpoint's PowerSGD rank is 3, this optimizer's 1"]
         else:  # ... or, as any checkpoint that does not fit the optimizer's variables, skipped
             assert resumed["epoch"] == 4 and not resumed["other_rank_loaded"], resumed
-
-
-@pytest.mark.ranks
-@pytest.mark.parametrize("framework, trained, resumed", [("pytorch", 0.93, 0.9), ("tensorflow", 0.93, 0.85)])
-def test_the_trainer_trains_digits_with_powersgd_and_resumes_at_1_rank(tmp_path, framework, trained, resumed):
-    """Rank 4 (the default) from step 10: digits keeps 98.6% of the uncompressed accuracy (hvdk8s bench
-    --only powersgd_digits); the checkpoint's Q matrices and mean error resume at another rank count.
-    (TensorFlow here: 97.5% at 2 ranks in 8 epochs, 96.1% uncompressed; one epoch more at 1 rank 90.5%,
-    uncompressed 96.1 -> 93.3%: the rank count, and with it the rate and the steps, changes.)"""
-    ckpt = tmp_path / "ckpt"
-    common = ["--log-format", "json", "--set", f"framework={framework}", "--set", "training.compression=powersgd",
-              "--set", f"training.checkpoint.dir={ckpt}"]
-    first = cli("launch", "--local", "-np", "2", DIGITS_JOB, *common, "--set", "training.epochs=8")
-    assert first.returncode == 0, first.stdout + first.stderr
-    [started], [done] = events_of(first.stdout, "start"), events_of(first.stdout, "done")
-    assert started["compression"] == "powersgd", started
-    assert done["test_accuracy"] >= trained, done
-    second = cli("launch", "--local", "-np", "1", DIGITS_JOB, *common, "--set", "training.epochs=9")
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert [(e["path"], e["epoch"]) for e in events_of(second.stdout, "resume")] == \
-        [(str(ckpt / "epoch-00008.ckpt"), 8)], second.stdout
-    [done] = events_of(second.stdout, "done")
-    assert done["test_accuracy"] >= resumed, done

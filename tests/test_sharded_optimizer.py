@@ -1,16 +1,15 @@
 """Optimizer state sharded across ranks (training.shard_optimizer_state, ZeRO stages 1 and 2): the job
 file's field, and real Horovod ranks (tests/ranks/sharded.py for PyTorch, sharded_tf.py for Keras 3)
-trained sharded against unsharded data parallelism, checkpointed at 2 ranks and resumed at 1, and
-hvdk8s's trainer end to end in both frameworks."""
+trained sharded against unsharded data parallelism, checkpointed at 2 ranks and resumed at 1. The
+trainer end to end sharded (AdamW, weight decay, clipping, bf16), elastic and resumed at another rank count
+and stage, in both frameworks: tests/test_elastic.py."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import DIGITS_JOB, cli, events_of, rank_results, run_ranks
+from conftest import DIGITS_JOB, cli, rank_results, run_ranks
 
 pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (tests/workgroups.py)
 
@@ -149,29 +148,3 @@ def test_a_keras_checkpoint_of_2_sharded_ranks_resumes_at_1_rank_sharded_or_not(
     for stage in ("1", "0"):
         worst = max(abs(a - b) for p, q in zip(one["continued"][stage], expected) for a, b in zip(p, q))
         assert worst < 1e-5, (stage, worst)
-
-
-@pytest.mark.ranks
-@pytest.mark.parametrize("framework, epochs", [("pytorch", 8), ("tensorflow", 6)])
-def test_the_trainer_trains_digits_sharded_and_resumes_at_another_rank_count_and_stage(tmp_path, framework, epochs):
-    """Stage 2 at 2 ranks, resumed at 1 rank with stage 1: the checkpoint is in the unsharded format, so
-    neither the rank count nor the stage has to match (stage 1 at 2 ranks: the rank tests above)."""
-    ckpt = tmp_path / "ckpt"
-    common = ["--log-format", "json",  # records, read with events_of
-              "--set", f"framework={framework}",
-              "--set", f"training.checkpoint.dir={ckpt}",
-              "--set", "training.optimizer=adamw", "--set", "training.learning_rate=0.003",
-              "--set", "training.weight_decay=0.01", "--set", "training.clip_grad_norm=5.0",
-              "--set", "training.precision=bf16"]
-    first = cli("launch", "--local", "-np", "2", DIGITS_JOB, *common, "--set", "training.shard_optimizer_state=2",
-                "--set", f"training.epochs={epochs}")
-    assert first.returncode == 0, first.stdout + first.stderr
-    [done] = events_of(first.stdout, "done")
-    assert done["test_accuracy"] >= 0.93, first.stdout
-    second = cli("launch", "--local", "-np", "1", DIGITS_JOB, *common, "--set", "training.shard_optimizer_state=1",
-                 "--set", f"training.epochs={epochs + 1}")
-    assert second.returncode == 0, second.stdout + second.stderr
-    [resumed] = events_of(second.stdout, "resume")
-    assert (Path(resumed["path"]).parent, resumed["epoch"]) == (ckpt, epochs), second.stdout
-    assert [(e["epoch"], e["epochs"]) for e in events_of(second.stdout, "epoch")] == [(epochs + 1, epochs + 1)], \
-        second.stdout
