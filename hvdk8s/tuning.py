@@ -36,14 +36,15 @@ environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), th
 
 SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a job of one rank for good, on CPU only, whatever
 the profile (the profile of a rank that sees a GPU is `none` under `auto`, and even a `shared-cpu` GPU job
-keeps Horovod's cycle: there a script's raw hvd.allreduce per step would wait for the cycle): Horovod's background thread wakes every cycle (1 ms by default) even with no peer, and on
-CPU each wake-up interrupts one of the step's intra-op threads, which the others then wait for at the
-region's barrier. A 1-rank Transformer step took 1.053x and 1.077x a plain PyTorch step with the 1 ms
-cycle (two runs of 10 interleaved rounds), 0.973x and 1.025x with 20 ms (10 and 60 rounds; this
-machine's drift between runs is 10-40%); taking turns with plain (`hvdk8s bench --only wrapper`),
-0.996-1.005x. Its background thread wakes 49 times a second instead of 899. At one rank hvdk8s's own collectives
-(allreduce, metric_*, broadcast_state, the resume broadcast) return without Horovod, so only a script's
-raw hvd.allreduce waits for the cycle, up to 20 ms. Elastic ranks keep Horovod's cycle (peers may join).
+keeps Horovod's cycle: there a script's raw hvd.allreduce per step would wait for the cycle): Horovod's
+background thread wakes every cycle (1 ms by default) even with no peer, and on CPU each wake-up
+interrupts one of the step's intra-op threads, which the others then wait for at the region's barrier.
+A 1-rank Transformer step took 1.053x and 1.077x a plain PyTorch step with the 1 ms cycle (two runs
+of 10 interleaved rounds), 0.973x and 1.025x with 20 ms (10 and 60 rounds; this machine's drift between
+runs is 10-40%); taking turns with plain (`hvdk8s bench --only wrapper`), 0.996-1.005x. Its background
+thread wakes 49 times a second instead of 899. At one rank hvdk8s's own collectives (allreduce,
+metric_*, broadcast_state, the resume broadcast) return without Horovod, so only a script's raw
+hvd.allreduce waits for the cycle, up to 20 ms. Elastic ranks keep Horovod's cycle (peers may join).
 """
 from __future__ import annotations
 
