@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from hvdk8s.bench.core import Comparison, Row
-from hvdk8s.bench.trainer import last_epoch
+from hvdk8s.bench.trainer import epoch_events
 
 # row: (training.compression, training.powersgd)
 CONFIGS = {"none": ("none", None), "fp16": ("fp16", None),
@@ -49,7 +49,7 @@ def _measure(kind: str, quick: bool, field: str) -> dict[str, list[float]]:
         for seed in SEEDS[:1] if quick else SEEDS:
             for label, (compression, powersgd) in CONFIGS.items():
                 job_file = _job(kind, quick, seed, compression, powersgd, Path(tmp))
-                samples[label].append(last_epoch(job_file)[field])
+                samples[label].append(epoch_events(job_file)[-1][field])
     return samples
 
 
