@@ -116,6 +116,18 @@ def scenario(optimizer: str, steps: int, **kw) -> dict:
             "same_on_every_rank": all(same_on_every_rank(m) for m in models.values())}
 
 
+def with_gpu_collectives(run):
+    """`run()` with the reduce-scatter and allgather that GPU chunks take, on these CPU tensors (CPU
+    chunks allreduce and broadcast: hvdk8s._torch_sharded._on_cpu)."""
+    import hvdk8s._torch_sharded as sharded
+
+    on_cpu, sharded._on_cpu = sharded._on_cpu, lambda t: False
+    try:
+        return run()
+    finally:
+        sharded._on_cpu = on_cpu
+
+
 def memory_at_the_update(stage: int) -> dict:
     """Bytes held as the optimizer updates the parameters (gradients reduced, state there): optimizer
     state and gradients, measured off the tensors' storages."""
@@ -147,6 +159,8 @@ if phase == "train":
         "own optimizer (Lion)": scenario("lion", 30),
         "sgd momentum, fp16 compression": scenario("sgd", 10, compression="fp16"),
         "adamw, fp16 loss scaling, clipping": scenario("adamw", 12, fp16=True, clip=1.0, poison=(5, 0)),
+        "adam, 2 passes, clipping, GPU collectives": with_gpu_collectives(
+            lambda: scenario("adam", 30, passes=2, clip=0.5)),
     }
     res["memory"] = {str(stage): memory_at_the_update(stage) for stage in (0, 1, 2)}
     res["parameters"] = sum(p.numel() for p in make_model().parameters())
