@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hvdk8s import events
-from hvdk8s.logformat import RANK_TAG
+from hvdk8s.logformat import split_tag
 
 KIND = "failed"
 _RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMIX_RANK")  # mpirun; horovodrun --gloo; PMIx
@@ -135,14 +135,13 @@ class FirstFailure:
         """One line of output; `event` is the event the caller parsed from it (with the launcher's token
         where there is one), or None."""
         self.seen += 1
-        line = line.rstrip("\r\n")
-        tag = RANK_TAG.match(line)
+        rank, stream, body = split_tag(line.rstrip("\r\n"))
         if event is not None and event.get("event") == KIND:
-            self._event(event, int(tag["rank"]) if tag else event.get("rank"))
-        elif tag:
-            self._traceback_line(int(tag["rank"]), tag["stream"], line[tag.end():])
+            self._event(event, event.get("rank") if rank is None else rank)
+        elif rank is not None:
+            self._traceback_line(rank, stream, body)
         else:
-            self._launcher_line(line)
+            self._launcher_line(body)
 
     def _event(self, event: dict[str, Any], rank: Any) -> None:
         try:

@@ -31,9 +31,14 @@ _OWN_KINDS = ("output", "exit")  # the log's own records: a rank's event of such
 
 def split_tag(line: str) -> tuple[Optional[int], Optional[str], str]:
     """(rank, stream, the line as the rank printed it) of a line mpirun or horovodrun tagged; (None,
-    None, line) of any other."""
+    None, line) of any other. mpirun tags each piece it reads from a rank, not each line, so a line the
+    rank wrote in several writes (Python's traceback writes an exception's type and message apart when
+    stderr is unbuffered) can carry the same tag again inside it: `[1,1]<stderr>:RuntimeError[1,1]<stderr>::
+    boom`. Those repeats go."""
     tag = RANK_TAG.match(line)
-    return (int(tag["rank"]), tag["stream"], line[tag.end():]) if tag else (None, None, line)
+    if not tag:
+        return None, None, line
+    return int(tag["rank"]), tag["stream"], line[tag.end():].replace(tag[0], "")
 
 
 def timestamp(moment: Optional[dt.datetime] = None) -> str:

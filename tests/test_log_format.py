@@ -194,3 +194,24 @@ def test_a_ranks_event_of_the_logs_own_kind_is_logged_as_its_output(kind):
     line = "@hvdk8s " + json.dumps({"event": kind, "code": 0})
     [record] = convert(line)
     assert record["event"] == "output" and json.loads(record["message"][len("@hvdk8s "):]) == json.loads(line[8:])
+
+
+def test_a_line_mpirun_tagged_in_pieces_is_read_as_the_rank_wrote_it():
+    """mpirun tags each piece it reads from a rank: a traceback written in several writes came back as
+    below in a CI run (2026-12-05), and the failing rank went unnamed."""
+    from hvdk8s.failures import FirstFailure
+
+    output = ['[1,1]<stderr>:Traceback (most recent call last):',
+              '[1,1]<stderr>:  File "/w/tests/ranks/raise_on_rank.py", line 11, in <module>',
+              '[1,1]<stderr>:    raise RuntimeError(f"boom on rank {hvd.rank()}")[1,1]<stderr>:',
+              '[1,1]<stderr>:RuntimeError[1,1]<stderr>:: boom on rank 1',
+              '[1,0]<stderr>:Traceback (most recent call last):',
+              '[1,0]<stderr>:  File "/w/tests/ranks/raise_on_rank.py", line 12, in <module>',
+              '[1,0]<stderr>:    hvd.allreduce(torch.ones(1), name="then")',
+              '[1,0]<stderr>:horovod.common.exceptions.HorovodInternalError: Horovod has been shut down.']
+    assert logformat.split_tag(output[3]) == (1, "stderr", "RuntimeError: boom on rank 1")
+    assert logformat.split_tag(output[2])[2] == '    raise RuntimeError(f"boom on rank {hvd.rank()}")'
+    reader = FirstFailure()
+    for line in output:
+        reader.feed(line)
+    assert reader.first().summary() == "rank 1 failed first: RuntimeError: boom on rank 1 (raise_on_rank.py:11)"
