@@ -103,9 +103,15 @@ else
   previous=$(ls -t "$CACHE"/wheelhouse-*/requirements.txt 2>/dev/null | head -n 1 || true)
   # A fresh machine has none: the versions resolved when this file was last regenerated, committed.
   [ -n "$previous" ] || previous=$ROOT/scripts/resolved-versions.txt
-  if [ -z "$previous" ] || ! pip_install -c "$previous" "${frameworks[@]}" "$wheel" -e "$extras"; then
+  # constraints.txt wins: its pins are dropped from the earlier versions (a changed pin would conflict).
+  earlier=$(mktemp)
+  awk -F'==' 'function norm(s) { s = tolower(s); gsub(/[._]/, "-", s); return s }
+              NR == FNR { if (NF == 2 && $1 !~ /^#/) pinned[norm($1)]; next }
+              !(norm($1) in pinned)' "$CONSTRAINTS" "$previous" >"$earlier"
+  if ! pip_install -c "$earlier" "${frameworks[@]}" "$wheel" -e "$extras"; then
     pip_install "${frameworks[@]}" "$wheel" -e "$extras"
   fi
+  rm -f "$earlier"
   say "keeping the installed wheels in $wheelhouse for the next set-up"
   rm -rf "$wheelhouse.tmp" && mkdir -p "$wheelhouse.tmp"
   "$VPY" -m pip freeze --all --exclude-editable | grep -vE '^(horovod|pip)[ =@]' >"$wheelhouse.tmp/requirements.txt"

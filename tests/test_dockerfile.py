@@ -21,7 +21,7 @@ from conftest import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile.gpu"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
-PINNED = {"torch", "tensorflow-cpu", "horovod"}
+PINNED = {"torch", "tensorflow-cpu", "horovod"}  # the heavy stack, read one by one; the rest apply by -c
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -203,10 +203,10 @@ def test_hadolint_fails_on_an_injected_error(tmp_path, bad, rule):
 # --- what the image is made of ---------------------------------------------------------------------
 
 def test_pins_are_read_from_constraints_at_build_time(dockerfile, pins):
-    assert set(pins) == PINNED
+    assert PINNED <= set(pins)
     constraints = copied_to(dockerfile, "constraints.txt")
     runs = " ".join(args for keyword, args in dockerfile if keyword == "RUN")
-    for name in pins:  # the exact expression that reads the pin from the copied file
+    for name in PINNED:  # the exact expression that reads the pin from the copied file
         assert f"sed -n 's/^{name}==//p' {constraints}" in runs, f"{name} is not read from {constraints}"
     text = DOCKERFILE.read_text()  # comments included: a version written anywhere goes stale
     handwritten = re.findall(r"(?i)\b(?:torch|tensorflow|horovod)[\w.\[\]-]*\s*(?:[=<>~!]=|[=@:])\s*v?\d+\.\d", text)
