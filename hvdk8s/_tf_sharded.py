@@ -166,6 +166,7 @@ class Sharded:
             self.load_state(state)
 
     # --- the step -----------------------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert  # as hvdk8s.tensorflow's apply, for the same reason
     def apply(self, grads, trainable_variables=None):
         if not self.built:
             self.build(trainable_variables if trainable_variables is not None else [])

@@ -56,6 +56,13 @@ rank, size, local_rank, local_size, cross_size = hvd.rank, hvd.size, hvd.local_r
 Average, Sum = hvd.Average, hvd.Sum
 
 _COMPRESSORS = {"fp16": hvd.Compression.fp16, "none": hvd.Compression.none}
+# The functions a user's own tf.function calls (an optimizer's apply, allreduce_gradients, ...) run as
+# written, not converted by autograph: they branch on Python values only and use tf.cond where a tensor
+# decides, which is how model.fit runs them already (Keras's code is not converted, nor what it calls).
+# Converted, autograph rewrote each of them and the Horovod functions below them in every process that
+# traced them, and ran them through its call wrappers: unconverted, the 2 ranks of
+# tests/ranks/sharded_tf.py (22 traced steps) took 25 CPU-s instead of 38 (2026-12-05).
+_as_written = tf.autograph.experimental.do_not_convert
 _POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}  # keys: precision.CHOICES
 
 
@@ -124,6 +131,7 @@ def compressor(compression: Any = "auto"):
     return _COMPRESSORS[resolve_compression(compression)]
 
 
+@_as_written
 def allreduce_gradients(grads: Sequence[Optional[tf.Tensor]], compression: Any = "auto", op=None,
                         sparse_as_dense: bool = True, **horovod_options: Any) -> list:
     """Average gradients over all ranks in one grouped allreduce (None entries pass through).
@@ -209,6 +217,7 @@ class _ReduceBeforeClip(_Distributed):
     _hvdk8s_in_apply = False
     _hvdk8s_marks: list = []
 
+    @_as_written
     def apply(self, grads, trainable_variables=None):
         if self._hvdk8s_reduced_outside:  # the LossScaleOptimizer around it has reduced them
             return super().apply(grads, trainable_variables)
@@ -239,6 +248,7 @@ class _ReduceInApply(_Distributed):
     optimizer would deadlock: a rank whose local gradients overflowed skips the inner apply, and with it
     the allreduce that the other ranks wait in (and its accumulation would fall out of step)."""
 
+    @_as_written
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         marks = self._hvdk8s_local_marks(grads, trainable_variables)
@@ -259,6 +269,7 @@ class _ReduceAroundInner(_ReduceInApply):
     _hvdk8s_local = property(lambda self: self.inner_optimizer._hvdk8s_local,
                              lambda self, ids: object.__setattr__(self.inner_optimizer, "_hvdk8s_local", ids))
 
+    @_as_written
     def apply(self, grads, trainable_variables=None):
         inner = self.inner_optimizer
         object.__setattr__(inner, "_hvdk8s_reduced_outside", True)  # read while apply runs or is traced
@@ -448,6 +459,7 @@ def _built_for(optimizer: keras.optimizers.Optimizer) -> list:
     return list(inner._trainable_variables)
 
 
+@_as_written
 def broadcast_variables(variables: Sequence, root_rank: int = 0, name: str = "hvdk8s.bcast",
                         **horovod_options: Any) -> None:
     """Assign root_rank's values to `variables` (Keras 3 or tf.Variables) on every rank: one broadcast

@@ -5,6 +5,7 @@ model.fit) with and without fp16 compression, gradient_predivide_factor, op=Sum,
 backward_passes_per_step, local sources, broadcast_variables, SyncBatchNormalization and the keras
 module's value collectives. Writes OUT/rank<r>.json."""
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -238,4 +239,32 @@ res["load_model"] = {"plain": type(plain.optimizer).__name__, "loaded": type(loa
                      "distributed": isinstance(loaded.optimizer, hvdk8s.tensorflow._Distributed),
                      "iterations": int(loaded.optimizer.iterations)}
 
+
+
+def autograph_converted(run) -> list[str]:
+    """The functions autograph converted while `run` traced (it loads each as a module of its own)."""
+    def generated():
+        return {name for name in sys.modules if name.startswith("__autograph_generated_file")}
+    before = generated()
+    run()
+    return sorted(f for name in generated() - before
+                  for f in re.findall(r"def tf__(\w+)", Path(sys.modules[name].__file__).read_text()))
+
+
+# A user's tf.function calling Horovod's API and a distributed optimizer: autograph converts the user's
+# function only; hvdk8s's and Horovod's code below it runs as written, as under model.fit.
+model = twins()[0]
+dist = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+
+
+@tf.function
+def user_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = xent(y, model(x, training=True))
+    tape = hvd.DistributedGradientTape(tape)
+    dist.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+
+res["autograph_converted"] = autograph_converted(lambda: user_step(X[0][mine], Y[0][mine]))
 (out_dir / f"rank{rank}.json").write_text(json.dumps(res))

@@ -57,6 +57,10 @@ def init(comm=None, process_sets=None) -> None:
         pass
 
 
+_as_written = _htf._as_written  # what a user's tf.function calls runs unconverted (hvdk8s.tensorflow says why)
+
+
+@_as_written
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False) -> None:
     """Give `variables` (Keras 3 variables, e.g. `model.variables` and `optimizer.variables`, or
     tf.Variables) root_rank's values on every rank of `process_set`. `inplace` is accepted for Horovod's
@@ -132,6 +136,7 @@ class _DistributedTape:
         scale_local_gradients=False)."""
         self._local_sources[id(source)] = source
 
+    @_as_written
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         grads = super().gradient(target, sources, output_gradients)
         flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
@@ -147,6 +152,7 @@ class _DistributedTape:
                                      if isinstance(g, tf.IndexedSlices) else g / tf.cast(n, g.dtype))
         return tf.nest.pack_sequence_as(grads, flat_grads)
 
+    @_as_written
     def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
         """(local (source, gradient) pairs, global ones), in the order of `sources`."""
         pairs = list(zip(sources, self.gradient(target, sources, output_gradients, use_generic_names)))
@@ -154,6 +160,7 @@ class _DistributedTape:
                 [p for p in pairs if id(p[0]) not in self._local_sources])
 
 
+@_as_written
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
                             groups=None, process_set=global_process_set, scale_local_gradients=True):
@@ -168,6 +175,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='', compres
     return cls(gradtape, reduce, process_set, scale_local_gradients)
 
 
+@_as_written
 def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='', compression=Compression.none,
                                    sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
                                    groups=None, process_set=global_process_set, local_layers=None,
