@@ -8,6 +8,8 @@ import pytest
 
 from hvdk8s._adapter import CONTRACT
 
+pytestmark = pytest.mark.tensorflow_here  # hvdk8s.tensorflow, imported here (tests/workgroups.py)
+
 
 @pytest.fixture(scope="module")
 def adapters():

@@ -1,17 +1,27 @@
 """hvdk8s.horovod.tensorflow in one process, without ranks: Horovod's names are all there with Horovod's
 signatures, what Keras 3 no longer allows is refused with the replacement named, and the tf.keras 2
 spellings Horovod's scripts use are accepted. (2-rank behaviour: tests/test_horovod_tf2.py.)"""
+import importlib
 import inspect
 
 import pytest
 
-hvd = pytest.importorskip("hvdk8s.horovod.tensorflow")
-import horovod.tensorflow as horovod_tf  # noqa: E402
-import horovod.tensorflow.keras as horovod_keras  # noqa: E402
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+pytestmark = pytest.mark.tensorflow_here  # on the one worker that imports TensorFlow (tests/workgroups.py)
 
-import hvdk8s.horovod.tensorflow.keras as hvdk  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow():
+    """TensorFlow and Horovod, imported when these tests run rather than when pytest collects the file:
+    every worker of scripts/test.sh collects every file, and this import took 4-5 CPU-s of each."""
+    global hvd, horovod_tf, horovod_keras, keras, tf, hvdk
+    hvd = pytest.importorskip("hvdk8s.horovod.tensorflow")
+    import horovod.tensorflow as horovod_tf
+    import horovod.tensorflow.keras as horovod_keras
+    import keras
+    import tensorflow as tf
+
+    import hvdk8s.horovod.tensorflow.keras as hvdk
+
 
 TF_NAMES = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "allreduce",
             "grouped_allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object",
@@ -30,11 +40,12 @@ def params(f) -> list[str]:
     return list(inspect.signature(f).parameters)
 
 
-@pytest.mark.parametrize("ours, theirs, names", [
-    (hvd, horovod_tf, TF_NAMES), (hvdk, horovod_keras, KERAS_NAMES), (hvdk.callbacks, horovod_keras.callbacks, CALLBACKS),
-    (hvd.elastic, horovod_tf.elastic, ELASTIC), (hvdk.elastic, horovod_keras.elastic, KERAS_ELASTIC)],
+@pytest.mark.parametrize("module, names", [
+    ("tensorflow", TF_NAMES), ("tensorflow.keras", KERAS_NAMES), ("tensorflow.keras.callbacks", CALLBACKS),
+    ("tensorflow.elastic", ELASTIC), ("tensorflow.keras.elastic", KERAS_ELASTIC)],
     ids=["tensorflow", "keras", "callbacks", "elastic", "keras.elastic"])
-def test_every_name_is_there_with_horovods_parameters(ours, theirs, names):
+def test_every_name_is_there_with_horovods_parameters(module, names):
+    ours, theirs = (importlib.import_module(f"{prefix}.{module}") for prefix in ("hvdk8s.horovod", "horovod"))
     for name in names:
         mine, horovods = getattr(ours, name), getattr(theirs, name)
         if callable(horovods) and not isinstance(horovods, type(hvd.Average)):

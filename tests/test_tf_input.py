@@ -3,11 +3,20 @@ the distributed Keras optimizer allreduces once per update under gradient accumu
 import numpy as np
 import pytest
 
-import tensorflow as tf
-
-from hvdk8s.data import tensorflow as tfdata
 from hvdk8s.data.datasets import ArrayDataset, IndexSubset, MapDataset
 from hvdk8s.data.rankplans import plan_epoch, step_counts
+
+pytestmark = pytest.mark.tensorflow_here  # on the one worker that imports TensorFlow (tests/workgroups.py)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow():
+    """TensorFlow, imported when these tests run rather than when pytest collects the file (every worker
+    of scripts/test.sh collects every file; test_horovod_tf2_api.py says what it cost)."""
+    global tf, tfdata
+    import tensorflow as tf
+
+    from hvdk8s.data import tensorflow as tfdata
 
 
 def arrays(n: int) -> ArrayDataset:

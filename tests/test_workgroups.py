@@ -71,6 +71,28 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
     assert workgroups.work_unit(f"{after}::test_a_launch[tensorflow]", tmp_path) == "ranks-tensorflow"
 
 
+def test_tests_that_import_tensorflow_here_share_one_worker(tmp_path):
+    marked = _write(tmp_path, "test_tf_here.py", """\
+        import pytest
+        pytestmark = pytest.mark.tensorflow_here
+
+        @pytest.mark.parametrize("x", [1, 2])
+        def test_in_process(x): ...
+    """)
+    one = _write(tmp_path, "test_one_here.py", """\
+        import pytest
+
+        @pytest.mark.tensorflow_here
+        def test_marked(): ...
+
+        def test_plain(): ...
+    """)
+    assert workgroups.work_unit(f"{marked}::test_in_process[1]", tmp_path) == "tensorflow-here"
+    assert workgroups.work_unit(f"{marked}::test_in_process[2]", tmp_path) == "tensorflow-here"
+    assert workgroups.work_unit(f"{one}::test_marked", tmp_path) == "tensorflow-here"
+    assert workgroups.work_unit(f"{one}::test_plain", tmp_path) == f"{one}::test_plain"
+
+
 def test_a_file_it_cannot_read_leaves_each_test_on_its_own(tmp_path):
     broken = _write(tmp_path, "test_broken.py", "def test_x(:\n")
     assert workgroups.work_unit(f"{broken}::test_x", tmp_path) == f"{broken}::test_x"
@@ -92,7 +114,7 @@ def test_a_mark_or_fixture_it_cannot_see_stops_the_run(tmp_path):
         def pytest_collection_modifyitems(config, items):
             workgroups.check(items, config.rootpath)
     """))
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    ranks: starts ranks\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    ranks: starts ranks\n    tensorflow_here: imports it\n")
     (tmp_path / "test_marked.py").write_text(textwrap.dedent("""\
         import pytest
         RANKS = pytest.mark.ranks
@@ -101,6 +123,13 @@ def test_a_mark_or_fixture_it_cannot_see_stops_the_run(tmp_path):
         def test_marked_by_name(): ...
     """))
     (tmp_path / "test_server.py").write_text("def test_server_through_another_fixture(launched): ...\n")
+    (tmp_path / "test_tf_by_name.py").write_text(textwrap.dedent("""\
+        import pytest
+        HERE = pytest.mark.tensorflow_here
+
+        @HERE
+        def test_imports_tensorflow(): ...
+    """))
     env = {**os.environ, "PYTHONPATH": str(Path(workgroups.__file__).parent)}
 
     def collect(name: str) -> subprocess.CompletedProcess:
@@ -111,3 +140,5 @@ def test_a_mark_or_fixture_it_cannot_see_stops_the_run(tmp_path):
     assert marked.returncode != 0 and "test_marked_by_name is marked `ranks`" in marked.stdout + marked.stderr
     server = collect("test_server.py")
     assert server.returncode != 0 and "uses the API server" in server.stdout + server.stderr
+    here = collect("test_tf_by_name.py")
+    assert here.returncode != 0 and "is marked `tensorflow_here`" in here.stdout + here.stderr

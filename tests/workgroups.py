@@ -14,6 +14,9 @@
   pytestmark) run their non-TensorFlow rank tests on it too, after the node's (files sort after
   test_cluster_node.py, and its cluster stops when its module ends): a third rank stream, which shortens
   the longest (`ranks`) by what it takes over.
+- Tests marked `tensorflow_here` import TensorFlow into the worker's own process (9 CPU-s with Keras and
+  what it pulls in): they run on one worker (work unit "tensorflow-here"), which alone pays that; their
+  files import it when their tests run, not when every worker collects them.
 - Every other test goes to whichever worker is free.
 
 xdist's scheduler sees test ids only, not marks (its own `xdist_group` mark has no effect under pytest 9,
@@ -35,8 +38,8 @@ STREAMS = ("node", "ranks", "ranks-tensorflow", "cluster")  # the work units of 
 
 @functools.lru_cache(maxsize=None)
 def _units(path: Path) -> dict[str, Optional[str]]:
-    """Each test function of a file and its work unit: 'node', 'ranks', 'ranks-after-the-node', 'cluster', or
-    None (a unit of its own)."""
+    """Each test function of a file and its work unit: 'node', 'ranks', 'ranks-after-the-node', 'cluster',
+    'tensorflow-here', or None (a unit of its own)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     module_marks = " ".join(ast.unparse(node.value) for node in tree.body if isinstance(node, ast.Assign)
                             and any(getattr(t, "id", None) == "pytestmark" for t in node.targets))
@@ -54,6 +57,8 @@ def _units(path: Path) -> dict[str, Optional[str]]:
                 units[node.name] = ranks
             elif CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
                 units[node.name] = "cluster"
+            elif "mark.tensorflow_here" in module_marks or "tensorflow_here" in marks:
+                units[node.name] = "tensorflow-here"
     return units
 
 
@@ -63,7 +68,8 @@ _TENSORFLOW = re.compile(r"tensorflow|keras|tf2|(^|_)tf(_|\b)", re.IGNORECASE)
 
 
 def work_unit(nodeid: str, rootdir: Path) -> str:
-    """'node', 'ranks', 'ranks-tensorflow', 'cluster', or the test's own id (a unit of its own)."""
+    """'node', 'ranks', 'ranks-tensorflow', 'cluster', 'tensorflow-here', or the test's own id (a unit of its
+    own)."""
     path, _, rest = nodeid.partition("::")
     try:
         unit = _units(rootdir / path).get(rest.split("[", 1)[0])
@@ -90,6 +96,10 @@ def check(items, rootdir: Path) -> None:
                 unit not in ("ranks", "ranks-tensorflow") and not after_the_node:
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
+        if item.get_closest_marker("tensorflow_here") and unit != "tensorflow-here" and \
+                not item.get_closest_marker("ranks"):
+            raise pytest.UsageError(f"{item.nodeid} is marked `tensorflow_here` in a way tests/workgroups.py cannot "
+                                    "read: mark the test function or the module (pytestmark)")
         if "cluster" in item.fixturenames and unit not in ("node", "ranks", "ranks-tensorflow", "cluster"):
             raise pytest.UsageError(f"{item.nodeid} uses the API server: take one of "
                                     f"{', '.join(sorted(CLUSTER_FIXTURES))} as an argument of the test function")
