@@ -3,14 +3,23 @@
 # compiler from apt; a .venv with the pinned frameworks; Horovod built once from its sdist and cached
 # outside the repository, so a second set-up (even in a fresh clone) takes seconds.
 #
-# Environment: PYTHON (interpreter for the venv, default python3), HVDK8S_VENV (default ./.venv),
+# Environment: PYTHON (interpreter for the venv, default python3: see below), HVDK8S_VENV (default ./.venv),
 # HVDK8S_BUILD_CACHE (default ~/.cache/hvdk8s), HVDK8S_REBUILD_HOROVOD=1 to ignore the cached wheel.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVDK8S_VENV:-$ROOT/.venv}
 CACHE=${HVDK8S_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdk8s}
+# The interpreter: PYTHON, else python3 on PATH, but the distribution's build of the same version where
+# that is another build (e.g. pyenv's): Debian's is built with PGO and LTO, and a pyenv build without
+# them took 6-20 % more CPU for the same work (docs/contributing.md, "How long the suite takes").
 PY=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] && command -v python3 >/dev/null 2>&1; then
+  same_version='import sys; print("%d.%d" % sys.version_info[:2])'
+  if [ "$(python3 -c "$same_version")" = "$(/usr/bin/python3 -c "$same_version")" ]; then
+    PY=/usr/bin/python3
+  fi
+fi
 CONSTRAINTS=$ROOT/constraints.txt
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }

@@ -223,18 +223,24 @@ def test_pods_resolve_each_other_and_ssh_as_mpiuser(node, tmp_path):
 def digits_on_the_node(node: Node, path: Path) -> Path:
     """examples/digits.yaml as 2 workers x 1 rank on the node's image, with the host's Python mounted into
     the rank pods (scripts/k8s/build-node-image.sh says why): the venv at /opt/hvdk8s-host, the checkout
-    its editable install points to, and the pyenv Python the venv links to, each at its own path."""
+    its editable install points to, and the pyenv Python the venv links to, each at its own path (a venv of
+    Debian's own Python runs on the image's, the same)."""
     venv = Path(sys.prefix)
-    base = Path(os.path.realpath(venv / "bin" / "python")).parent.parent
-    if base in (Path("/usr"), Path("/usr/local")):  # it would hide the image's own /usr
+    python = Path(os.path.realpath(venv / "bin" / "python"))
+    base = python.parent.parent
+    volumes = [{"name": "venv", "host_path": str(venv), "mount_path": "/opt/hvdk8s-host", "read_only": True},
+               {"name": "checkout", "host_path": str(ROOT), "mount_path": str(ROOT), "read_only": True}]
+    if base == Path("/usr"):  # the distribution's: the image (Debian bookworm's python3) has it at that path
+        if python.name != "python3.11":
+            pytest.skip(f"the venv's Python is {python}; the node's image (Debian bookworm) has python3.11")
+    elif base == Path("/usr/local"):  # mounted, it would hide the image's own /usr/local
         pytest.skip(f"the venv's Python lives in {base}: mount it only from a self-contained install (pyenv)")
+    else:
+        volumes.append({"name": "python", "host_path": str(base), "mount_path": str(base), "read_only": True})
     job = yaml.safe_load(DIGITS_JOB.read_text())
     job["image"] = node.image
     job["resources"].update(workers=2, ranks_per_worker=1, cpu="500m", memory="2Gi")  # + the launcher's 1 CPU: 2 cores
-    job["kubernetes"] = {"image_pull_policy": "Never", "volumes": [
-        {"name": "venv", "host_path": str(venv), "mount_path": "/opt/hvdk8s-host", "read_only": True},
-        {"name": "checkout", "host_path": str(ROOT), "mount_path": str(ROOT), "read_only": True},
-        {"name": "python", "host_path": str(base), "mount_path": str(base), "read_only": True}]}
+    job["kubernetes"] = {"image_pull_policy": "Never", "volumes": volumes}
     path.write_text(yaml.safe_dump(job))
     return path
 
