@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from hvdk8s.core.errors import UserError
-from hvdk8s.data import datasets
 
 # What a model factory may take from the dataset to size itself (passed only if it accepts them).
 DATASET_INFO_KEYS = ("input_shape", "num_classes", "vocab_size", "seq_len")
@@ -128,6 +127,8 @@ def build_model(model_spec, framework: str, dataset_info: dict[str, Any]):
 def dataset_splits(dataset_spec) -> dict[str, Any]:
     """{"train", "test"} for a job file's `dataset`: the user's `dataset.factory` imported and called here
     (FactoryError naming the field), any other kind opened by the data layer."""
+    from hvdk8s.data import datasets  # here, not above: NumPy's import (0.13 CPU-s) is no `hvdk8s validate`'s
+
     if dataset_spec.factory is None:
         return datasets.open_splits(dataset_spec)
     field = "dataset.factory"

@@ -13,12 +13,9 @@ only once the script calls `hvdk8s.torch.init()` or `hvdk8s.tensorflow.init()`, 
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import runpy
 import sys
-from typing import NoReturn
 
 from hvdk8s import metrics
 from hvdk8s._adapter import die_with_parent  # framework-free: no torch or tensorflow import here
@@ -33,19 +30,6 @@ def line_buffered_stdout() -> None:
         reconfigure = getattr(stream, "reconfigure", None)  # absent where a stream was replaced
         if reconfigure is not None:
             reconfigure(line_buffering=True, write_through=False)  # also under PYTHONUNBUFFERED
-
-
-def exit_at_once(code: int = 0) -> NoReturn:
-    """End a rank of hvdk8s's own trainer now that its work is done: the exit handlers run (Horovod's
-    shutdown among them) and stdout/stderr are flushed, but not the interpreter's teardown of every
-    module and object, which took 0.7 s of a torch rank and 0.9 s once torch._dynamo (which any torch
-    optimizer imports) is loaded, each rank, each launch. Not for users' scripts: their open files may
-    count on that teardown to be flushed."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or replaced stream has nothing left to lose
-            stream.flush()
-    os._exit(code)
 
 
 def main(argv: list[str]) -> None:

@@ -38,7 +38,9 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
         import pytest
         pytestmark = [pytest.mark.ranks]
 
-        def test_anything(cluster): ...
+        def test_anything(tmp_path): ...
+
+        def test_ranks_and_the_server(cluster): ...
     """)
     assert workgroups.work_unit(f"{some}::test_starts_ranks[1]", tmp_path) == "ranks"
     # TensorFlow's rank tests are a second stream, run beside the first.
@@ -48,6 +50,8 @@ def test_marked_functions_and_modules_run_on_the_ranks_worker(tmp_path):
     assert workgroups.work_unit(f"{some}::test_takes_the_server", tmp_path) == "cluster"
     assert workgroups.work_unit(f"{some}::test_plain", tmp_path) == f"{some}::test_plain"
     assert workgroups.work_unit(f"{whole}::test_anything", tmp_path) == "ranks"
+    # A rank test that takes the API server runs with the server's tests: elsewhere it would start a second.
+    assert workgroups.work_unit(f"{whole}::test_ranks_and_the_server", tmp_path) == "cluster"
     node = _write(tmp_path, "test_node.py", """\
         import pytest
         pytestmark = [pytest.mark.skipif(False, reason="built"), pytest.mark.real_node]

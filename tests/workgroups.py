@@ -6,7 +6,9 @@
   and tracing make its fewer tests as long), so neither waits alone for the other at the end. Those
   also marked `one_rank` (one rank, one core) run beside them anywhere.
 - Tests that take the API server (`cluster`, `own_cluster`, `namespace`) share one worker, and so one
-  server (work unit "cluster").
+  server (work unit "cluster"), those that also start ranks too: on another worker, the session's cluster
+  fixture started a second control plane for them, which cost ~32 CPU-s (its start, then idle until the
+  session ended), more than their ranks (two tiny scripts) beside the rank streams.
 - Tests marked `real_node` (tests/test_cluster_node.py: a cluster and a real node of their own) share one
   worker (work unit "node"), beside the rank tests: their ranks run in pods whose CPU limits add up to the
   machine's cores, and much of their time is spent waiting for pods, probes and the operator. That worker
@@ -51,12 +53,12 @@ def _units(path: Path) -> dict[str, Optional[str]]:
             marks = {ast.unparse(d).rsplit(".", 1)[-1] for d in node.decorator_list}
             if "mark.real_node" in module_marks or "real_node" in marks:
                 units[node.name] = "node"
+            elif CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
+                units[node.name] = "cluster"
             elif "one_rank" in marks:
                 units[node.name] = None
             elif whole or "ranks" in marks:
                 units[node.name] = ranks
-            elif CLUSTER_FIXTURES & {a.arg for a in node.args.args}:
-                units[node.name] = "cluster"
             elif "mark.tensorflow_here" in module_marks or "tensorflow_here" in marks:
                 units[node.name] = "tensorflow-here"
     return units
@@ -93,7 +95,7 @@ def check(items, rootdir: Path) -> None:
                                     "mark the test function or the module (pytestmark)")
         after_the_node = unit == "node" and item.get_closest_marker("after_the_node")
         if item.get_closest_marker("ranks") and not item.get_closest_marker("one_rank") and \
-                unit not in ("ranks", "ranks-tensorflow") and not after_the_node:
+                unit not in ("ranks", "ranks-tensorflow", "cluster") and not after_the_node:
             raise pytest.UsageError(f"{item.nodeid} is marked `ranks` in a way tests/workgroups.py cannot read: "
                                     "mark the test function or the module (pytestmark)")
         if item.get_closest_marker("tensorflow_here") and unit != "tensorflow-here" and \

@@ -9,6 +9,7 @@ import click
 from hvdk8s import __version__
 from hvdk8s.cli import benchmarks, cluster, datasets, jobfile, run
 from hvdk8s.cli.group import Verbs
+from hvdk8s.core.exiting import exit_at_once
 
 
 @click.group(cls=Verbs, context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,4 +24,9 @@ for _verb in (jobfile.validate, run.train, run.launch, jobfile.render, datasets.
 
 
 def main() -> None:
-    cli(prog_name="hvdk8s")
+    """The `hvdk8s` command: the verb, then an exit without the interpreter's teardown (exit_at_once)."""
+    try:
+        cli(prog_name="hvdk8s")
+    except SystemExit as e:  # click's standalone mode ends every verb so, with its status
+        exit_at_once(e.code)
+    exit_at_once(0)

@@ -30,7 +30,8 @@ def train(job: str, overrides: Sequence[str], resume: bool) -> None:
     from hvdk8s.data.datasets import dataset_root
     from hvdk8s.failures import report_uncaught
     from hvdk8s.factories import importable_from
-    from hvdk8s.rankmain import exit_at_once, line_buffered_stdout
+    from hvdk8s.core.exiting import exit_at_once
+    from hvdk8s.rankmain import line_buffered_stdout
 
     line_buffered_stdout()  # whole lines through mpirun, events included
     report_uncaught()  # this rank's failure as an event, before Horovod's shutdown tells the others
