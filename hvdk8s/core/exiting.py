@@ -14,7 +14,8 @@ def exit_at_once(code: object = 0) -> NoReturn:
     1), after the exit handlers (Horovod's shutdown, logging's) and a flush of stdout and stderr, but without
     the teardown, which took 0.7 s of a torch rank (0.9 s once torch._dynamo is loaded, as any torch
     optimizer loads it) and 0.1-0.17 s of an `hvdk8s validate`. Not for users' scripts: their open files may
-    count on that teardown to be flushed."""
+    count on that teardown to be flushed. Nor where a non-daemon thread may still run: the interpreter waits
+    for those before its exit handlers, this ends them (hvdk8s's threads are daemons, its pools joined)."""
     if code is None:
         status = 0
     elif isinstance(code, int):
