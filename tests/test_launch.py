@@ -87,6 +87,40 @@ def test_no_rank_of_a_users_script_outlives_a_killed_launcher(tmp_path):
     _kill_and_outlive_check(launcher, [b"-m", b"hvdk8s.rankmain"])
 
 
+@pytest.mark.parametrize("signum, controller", [(15, "mpi"), (1, "gloo")], ids=["SIGTERM-mpi", "SIGHUP-gloo"])
+def test_a_launch_told_to_stop_stops_its_ranks_and_leaves_no_file(tmp_path, signum, controller):
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) sent to the launch alone, not to its process group: it
+    stops mpirun or horovodrun and their ranks as Ctrl-C does, removes the job file it gave them, and exits
+    128 + the signal's number (it used to die at once, leaving mpirun and both ranks running)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    (tmp_path / "job.yaml").write_text("name: sleeper\nframework: pytorch\nentrypoint: {script: sleeper.py}\n"
+                                      "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")
+    (tmp_path / "tmp").mkdir()  # where the launch puts the ranks' job file
+    launcher = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", f"--{controller}",
+                                 str(tmp_path / "job.yaml")], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    ready = 0
+    for line in launcher.stdout:
+        ready += line.rstrip().endswith("ready")
+        if ready == 2:
+            break
+    assert list((tmp_path / "tmp").glob("hvdk8s-job-*/job.yaml")), "the ranks' job file should exist meanwhile"
+    os.kill(launcher.pid, signum)
+    rest = launcher.stdout.read()
+    code = launcher.wait(timeout=120)
+    left = orphans.gone(session_members, launcher.pid)
+    for pid in left:  # so that a failure here leaves nothing running
+        os.kill(pid, 9)
+    assert code == 128 + signum and "Traceback" not in rest, (code, rest)
+    assert left == [], "processes outlived the stopped launch"
+    assert list((tmp_path / "tmp").iterdir()) == [], "the ranks' job file is left behind"
+
+
 def test_event_lines_without_the_launchers_token_are_plain_output(tmp_path):
     """A rank's own output shaped like an event (no token, or a kind that is not a string) is shown as it is:
     it neither poses as rank 0's progress nor crashes the view, even with the launcher's token (which the

@@ -117,10 +117,14 @@ def _discovery_script(path: Optional[Path], spec, job: str) -> Optional[Path]:
 def _launch_here(spec, job: str, np: int, controller: str, resume: bool, discovery_script: Optional[Path],
                  log_format: str) -> int:
     """The ranks on this machine, after the launcher's preflight; their exit status."""
+    from hvdk8s.core.termination import exit_status, signal_of
     from hvdk8s.launch import local
 
-    code, failed = local.run(spec, Path(job).parent, job, np, controller, resume=resume,
-                             discovery_script=discovery_script, log_format=log_format)
+    try:
+        code, failed = local.run(spec, Path(job).parent, job, np, controller, resume=resume,
+                                 discovery_script=discovery_script, log_format=log_format)
+    except KeyboardInterrupt as stop:  # the ranks are stopped by now
+        raise report.Failed(exit_status(stop), f"stopped by {signal_of(stop).name}, and its ranks with it") from None
     if code:
         raise report.Failed(code, f"the ranks exited with status {code}", [failed.summary()] if failed else [])
     return 0

@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 from hvdk8s import events, failures, logformat, metrics, tuning
 from hvdk8s.core.errors import UserError
+from hvdk8s.core.termination import stopped_by_signals
 from hvdk8s.entrypoint import local_argv
 from hvdk8s.faults import stall_env
 from hvdk8s.gloo import GLOO_TIMEOUT_SECONDS
@@ -214,17 +215,18 @@ def run(spec, job_dir: Path, source: str, np: int, controller: str = DEFAULT_CON
         log_format: str = logformat.DEFAULT_FORMAT) -> tuple[int, Optional[failures.Failure]]:
     """Start the ranks on the validated `spec` (from the job file `source` in `job_dir`), draw rank 0's
     progress (or log it, with log_format "json"), and return their exit status and, if they failed, the
-    rank that failed first."""
+    rank that failed first. Ctrl-C, SIGTERM or SIGHUP stops the ranks, then raises KeyboardInterrupt."""
     view = view_for(log_format, spec.name, console)
     launcher = LocalLauncher(np, controller, resume, discovery_script)
-    launcher.submit(spec, job_dir, source)
     # The trainer's rank 0 reports at least every few seconds while it trains; scripts need not.
     watchdog = spec.training.stall_timeout_seconds if spec.entrypoint is None else None
     first = failures.FirstFailure()
-    try:
-        code = _follow(launcher.proc, launcher.token, view, watchdog, first)
-    finally:
-        launcher.delete(spec.name)  # ends nothing that has finished; removes the job file
+    with stopped_by_signals():  # a `kill` of the launch raises KeyboardInterrupt here, as Ctrl-C does
+        try:
+            launcher.submit(spec, job_dir, source)
+            code = _follow(launcher.proc, launcher.token, view, watchdog, first)
+        finally:
+            launcher.close()  # ends ranks still running (stopped, or an error here); removes the job file
     failed = first.first() if code else None
     view.exit(code, SUCCEEDED if code == 0 else FAILED, failed.summary() if failed else "")
     return code, failed
@@ -304,13 +306,18 @@ class LocalLauncher:
         return status
 
     def delete(self, name: str) -> list[str]:
-        proc = self._job(name)
-        stopped = proc.poll() is None
+        self._job(name)
+        return [f"ranks of {name}"] if self.close() else []
+
+    def close(self) -> bool:
+        """End the ranks if they still run (True if they did) and remove the job file; whatever part of
+        `submit` happened."""
+        stopped = self.proc is not None and self.proc.poll() is None
         if stopped:
-            proc.terminate()
-            proc.wait()
+            self.proc.terminate()
+            self.proc.wait()
         self._remove_job_file()
-        return [f"ranks of {name}"] if stopped else []
+        return stopped
 
     def _remove_job_file(self) -> None:
         if self._tmp is not None:
@@ -348,10 +355,6 @@ def _follow(proc: subprocess.Popen, token: str, view, watchdog: Optional[int] = 
                 view.show(event)
             elif not launcher_errors.swallow(line):
                 view.passthrough(line.rstrip("\n"))
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait()
-        return 130
     finally:
         view.close()
 
