@@ -33,4 +33,7 @@ def main(label: str, max_bytes: int = 256 << 20, steps: int = STEPS) -> None:
 
 
 if __name__ == "__main__":
+    from hvdk8s.core.exiting import exit_at_once
+
     main(sys.argv[1], *(int(a) for a in sys.argv[2:4]))
+    exit_at_once(0)  # as hvdk8s's own ranks end: after the exit handlers, no teardown (~0.8 CPU-s)

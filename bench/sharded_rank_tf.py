@@ -73,4 +73,7 @@ def main(config: dict) -> None:
 
 
 if __name__ == "__main__":
+    from hvdk8s.core.exiting import exit_at_once
+
     main(json.loads(sys.argv[1]))
+    exit_at_once(0)  # as hvdk8s's own ranks end: after the exit handlers, no teardown (~0.8 CPU-s)

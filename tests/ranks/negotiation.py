@@ -71,3 +71,7 @@ result = {"cpu_s": cpu_s, "sleeps": slept, "wall_s": seconds, "and": allreduce(m
           "or": allreduce(mine, "ompi_mpi_op_bor"), "sum": allreduce([rank + 1, 10], "ompi_mpi_op_sum")}
 hvd.allreduce(torch.zeros(1), name="done")
 (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+
+from hvdk8s.core.exiting import exit_at_once  # noqa: E402
+
+exit_at_once(0)  # as hvdk8s's own ranks end: after the exit handlers (Horovod's shutdown), no teardown (~0.8 CPU-s)

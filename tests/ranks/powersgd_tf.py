@@ -174,3 +174,7 @@ res["resume"] = {"epoch": epoch, "steps": saved_steps, "own_errors_differ_from_t
                  "max_abs_diff": float(np.abs(weights(fresh) - went_on).max()), "other_rank_loaded": skipped != 0}
 
 (out_dir / f"rank{rank}.json").write_text(json.dumps(res))
+
+from hvdk8s.core.exiting import exit_at_once  # noqa: E402
+
+exit_at_once(0)  # as hvdk8s's own ranks end: after the exit handlers (Horovod's shutdown), no teardown (~0.8 CPU-s)

@@ -70,3 +70,7 @@ print(json.dumps({
     "allreduce": averaged, "copied": copied, "metric_sum": h.metric_sum(2.5), "metric_average": h.metric_average(4.0),
     "raw_sum": raw, "broadcast_unchanged": unchanged, "resumed": list(resumed),
 }))
+
+from hvdk8s.core.exiting import exit_at_once  # noqa: E402
+
+exit_at_once(0)  # as hvdk8s's own ranks end: after the exit handlers (Horovod's shutdown), no teardown (~0.8 CPU-s)

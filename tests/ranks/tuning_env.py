@@ -20,3 +20,7 @@ import hvdk8s.torch as ht  # noqa: E402
 
 ht.init()
 (Path(sys.argv[1]) / f"rank{ht.rank()}.json").write_text(json.dumps({"given": given, "after_init": tuning_vars()}))
+
+from hvdk8s.core.exiting import exit_at_once  # noqa: E402
+
+exit_at_once(0)  # as hvdk8s's own ranks end: after the exit handlers (Horovod's shutdown), no teardown (~0.8 CPU-s)
