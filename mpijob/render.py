@@ -143,7 +143,8 @@ def launcher_command(spec: JobSpec, topo: Topology) -> list[str]:
 
 
 def elastic_command(spec: JobSpec, topo: Topology) -> list[str]:
-    """horovodrun in elastic mode (Gloo, over the workers' sshd): it starts on the workers that answer and
+    """horovodrun in elastic mode (Gloo, over the workers' sshd; through hvdk8s.launch.horovodrun, whose
+    discovery polls cost a third of the script's): it starts on the workers that answer and
     re-reads them every second from the operator's discover_hosts.sh, filtered to those whose sshd
     answers (hvdk8s.launch.discovery). Change the MPIJob's Worker replicas (within training.elastic's
     bounds) to scale; a lost worker pod is recreated by the operator and joins again. horovodrun waits
@@ -151,8 +152,9 @@ def elastic_command(spec: JobSpec, topo: Topology) -> list[str]:
     e, slots = spec.training.elastic, topo.slots_per_worker
     discovery = " ".join([PYTHON_IN_IMAGE, "-m", "hvdk8s.launch.discovery", "--port", str(SSH_PORT),
                           "--slots", str(slots), "/etc/mpi/discover_hosts.sh"])
-    cmd = ["horovodrun", "-np", str(topo.ranks), "--min-np", str(e.min_workers * slots),
-           "--max-np", str(e.max_workers * slots), "--slots", str(slots), "--host-discovery-script", discovery,
+    cmd = [PYTHON_IN_IMAGE, "-m", "hvdk8s.launch.horovodrun", "-np", str(topo.ranks),
+           "--min-np", str(e.min_workers * slots), "--max-np", str(e.max_workers * slots), "--slots", str(slots),
+           "--host-discovery-script", discovery,
            "--gloo", "--network-interfaces", network.MPI_INTERFACE, "--ssh-port", str(SSH_PORT),
            "--elastic-timeout", str(spec.kubernetes.worker_wait_seconds),
            "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_SECONDS),

@@ -126,9 +126,9 @@ def test_the_cluster_launcher_runs_horovodrun_elastic_over_the_operators_discove
     job = job_file({"training": {"elastic": ELASTIC}, "resources": {"workers": 2, "ranks_per_worker": 2}})
     launcher = mpijob(load_job(job))
     command = launcher["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:10] == ["horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "--slots", "2",
-                            "--host-discovery-script"]
-    assert command[10].endswith("-m hvdk8s.launch.discovery --port 2222 --slots 2 /etc/mpi/discover_hosts.sh")
+    assert command[:12] == ["python", "-m", "hvdk8s.launch.horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4",
+                            "--slots", "2", "--host-discovery-script"]
+    assert command[12].endswith("-m hvdk8s.launch.discovery --port 2222 --slots 2 /etc/mpi/discover_hosts.sh")
     assert "--gloo" in command and command[-3:] == ["hvdk8s", "train", "/etc/hvdk8s/job.yaml"]
     # A lost worker comes back under its old DNS name: horovodrun must not blacklist that name for good.
     cooldown = command.index("--blacklist-cooldown-range")

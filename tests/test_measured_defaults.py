@@ -38,7 +38,7 @@ def test_warmup_ramps_linearly_to_peak():
 
 
 def test_local_launch_defaults_to_mpi_and_allows_root(monkeypatch):
-    monkeypatch.setattr(local, "horovodrun", lambda: "horovodrun")
+    monkeypatch.setattr(local, "horovodrun", lambda: ["horovodrun"])
     monkeypatch.setattr(local, "mpirun", lambda: "mpirun")
     cmd = local.command(["prog"], 3)
     assert cmd[:5] == ["mpirun", "--tag-output", "-np", "3", "-H"] and cmd[5] == "localhost:3" and cmd[-1] == "prog"

@@ -48,7 +48,8 @@ def _is_launcher(pid: int) -> bool:
             argv = f.read().split(b"\x00")
     except OSError:
         return True
-    return any(os.path.basename(a) in (b"mpirun", b"orterun", b"orted", b"horovodrun", b"prterun") for a in argv[:2])
+    return (any(os.path.basename(a) in (b"mpirun", b"orterun", b"orted", b"horovodrun", b"prterun") for a in argv[:2])
+            or argv[1:3] == [b"-m", b"hvdk8s.launch.horovodrun"])
 
 
 def cpu_seconds(pid: int) -> Optional[float]:
