@@ -49,8 +49,18 @@ if _UNBUILT is not None and os.environ.get("CI"):  # CI builds the node first (.
 pytestmark = [pytest.mark.skipif(_UNBUILT is not None, reason=str(_UNBUILT)), pytest.mark.real_node]
 
 
+# kubectl's names for what the tests read -> (the API's path for the group and version, the resource)
+_RESOURCES = {"pod": ("api/v1", "pods"), "pods": ("api/v1", "pods"), "node": ("api/v1", "nodes"),
+              "services": ("api/v1", "services"), "secrets": ("api/v1", "secrets"),
+              "configmaps": ("api/v1", "configmaps"), "jobs.batch": ("apis/batch/v1", "jobs"),
+              "mpijob": ("apis/kubeflow.org/v2beta1", "mpijobs"), "mpijobs": ("apis/kubeflow.org/v2beta1", "mpijobs"),
+              "workloads": ("apis/kueue.x-k8s.io/v1beta2", "workloads")}
+
+
 class Node:
-    """The cluster and its node: kubectl against it, the node's image."""
+    """The cluster and its node: kubectl against it (the tests' changes), the official Python client (their
+    reads: a poll each half second was a kubectl process, ~0.08 CPU-s, hundreds of them a run), the node's
+    image."""
 
     def __init__(self, state: Path):
         self.state = state
@@ -58,6 +68,7 @@ class Node:
         env = dict(line.split("=", 1) for line in (state / "node" / "env").read_text().splitlines() if "=" in line)
         self.name = env["NODE_NAME"]
         self.image = env["NODE_IMAGE"]
+        self._client = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120):
         out = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=input,
@@ -66,8 +77,52 @@ class Node:
             raise AssertionError(f"kubectl {' '.join(args)}: {out.stderr}")
         return out
 
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+    def get(self, kinds: str, *args: str) -> dict:
+        """What `kubectl get KINDS [-n NS] [-l SELECTOR] [NAME] -o json` prints (KINDS: names as kubectl takes
+        them, comma-separated for a list), read through the Python client; AssertionError where it fails."""
+        found = self.find(kinds, *args)
+        if found is None:
+            raise AssertionError(f"kubectl get {kinds} {' '.join(args)}: not found")
+        return found
+
+    def find(self, kinds: str, *args: str) -> dict | None:
+        """As get, but None where the named object does not exist."""
+        namespace, selector, names = None, None, []
+        rest = iter(args)
+        for arg in rest:
+            if arg == "-n":
+                namespace = next(rest)
+            elif arg == "-l":
+                selector = next(rest)
+            else:
+                names.append(arg)
+        items = []
+        for kind in kinds.split(","):
+            group, plural = _RESOURCES[kind]
+            path = "/".join([group, *(["namespaces", namespace] if namespace else []), plural, *names[:1]])
+            api = self.client()
+            request = api.param_serialize("GET", "/" + path, auth_settings=["BearerToken"],
+                                          query_params=[("labelSelector", selector)] if selector else [])
+            response = api.call_api(*request, _request_timeout=60)
+            if response.status == 404 and names:
+                return None
+            if response.status != 200:
+                raise AssertionError(f"GET /{path}: {response.status} {response.reason}: {response.read()[:500]!r}")
+            found = json.loads(response.read())
+            if names:
+                return found
+            items += found["items"]
+        return {"items": items}
+
+    def client(self):
+        """An admin ApiClient of the tests' own, kept for the module (one connection for every poll)."""
+        if self._client is None:
+            from kubernetes import client, config
+
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg, persist_config=False)
+            self._client = client.ApiClient(cfg)
+        return self._client
 
     def wait_for(self, what: str, condition, timeout: float = 180, every: float = 0.5):
         """Poll until condition() returns something truthy (and return it); fail after timeout with what."""
@@ -281,8 +336,8 @@ def test_a_failing_rank_fails_the_job_and_is_named_by_logs_follow(node, tmp_path
                                 str(tmp_path / "job.yaml")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=ROOT, env={**os.environ, "KUBECONFIG": str(node.kubeconfig)})
     try:
-        node.wait_for("the MPIJob", lambda: node.kubectl("get", "mpijob", "-n", "default", "fail-rank",
-                                                         check=False).returncode == 0 or waiting.poll() is not None)
+        node.wait_for("the MPIJob", lambda: node.find("mpijob", "-n", "default", "fail-rank") is not None
+                      or waiting.poll() is not None)
         followed = hvdk8s(node, "logs", "-f", "fail-rank", timeout=300)
         out, errors = waiting.communicate(timeout=300)
     finally:
