@@ -106,7 +106,7 @@ def test_a_launch_told_to_stop_stops_its_ranks_and_leaves_no_file(tmp_path, sign
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
                                 # a closed terminal's SIGHUP as a terminal sends it: the suite may run under
-                                # nohup (CI does), whose ignored SIGHUP the launch rightly keeps ignoring
+                                # nohup (a background run here did), whose ignored SIGHUP the launch keeps
                                 preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     ready = 0
     for line in launcher.stdout:
