@@ -12,7 +12,6 @@ global batch split among the ranks), the steps traced as model.fit traces them (
 """
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -147,8 +146,7 @@ step(2)
 res["overflow"]["applied_next"] = [not np.array_equal(w_before, weights(model))]
 
 # --- save mid-run, resume in a fresh model and optimizer --------------------------------------------
-ckpt = Path(tempfile.mkdtemp(prefix="psgd-tf-")) if rank == 0 else None
-ckpt = hvd.broadcast_object(str(ckpt) if ckpt else None, 0, name="ckpt_dir")
+ckpt = str(out_dir / "ckpt")  # in the test's folder (both ranks run here): none left behind in /tmp
 model = make_model()
 opt = distributed(model, "powersgd", rank=2, start_step=1, min_compression_rate=0.0)
 step = stepper(model, opt)
