@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster_helpers import diagnose
+from cluster_helpers import api_client, diagnose
 from conftest import events_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,11 +96,10 @@ class Node:
                 selector = next(rest)
             else:
                 names.append(arg)
-        items = []
+        items, api = [], self.client()
         for kind in kinds.split(","):
             group, plural = _RESOURCES[kind]
             path = "/".join([group, *(["namespaces", namespace] if namespace else []), plural, *names[:1]])
-            api = self.client()
             request = api.param_serialize("GET", "/" + path, auth_settings=["BearerToken"],
                                           query_params=[("labelSelector", selector)] if selector else [])
             response = api.call_api(*request, _request_timeout=60)
@@ -117,11 +116,7 @@ class Node:
     def client(self):
         """An admin ApiClient of the tests' own, kept for the module (one connection for every poll)."""
         if self._client is None:
-            from kubernetes import client, config
-
-            cfg = client.Configuration()
-            config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg, persist_config=False)
-            self._client = client.ApiClient(cfg)
+            self._client = api_client(self.kubeconfig)
         return self._client
 
     def wait_for(self, what: str, condition, timeout: float = 180, every: float = 0.5):

@@ -51,14 +51,30 @@ def _kill_and_outlive_check(launcher, rank_argv: list[bytes]) -> None:
     assert survivors == [], "processes outlived the launcher"
 
 
-def _launch(job, *options: str, stderr=None) -> "subprocess.Popen":
-    """The launch, its stdout read through a pipe (stderr too unless given)."""
+def _launch(job, *options: str, stderr=None, **popen) -> "subprocess.Popen":
+    """The launch, its stdout read through a pipe (stderr too unless given); `popen`: more of Popen's arguments."""
     import subprocess
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", *options, str(job)],
                             stdout=subprocess.PIPE, stderr=stderr or subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, **popen)
+
+
+def _sleeper_job(tmp_path):
+    """A script job whose ranks print `ready`, then sleep (300 s: until the test ends them)."""
+    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    (tmp_path / "job.yaml").write_text("name: sleeper\nframework: pytorch\nentrypoint: {script: sleeper.py}\n"
+                                      "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")
+    return tmp_path / "job.yaml"
+
+
+def _until_both_ready(launcher) -> None:
+    ready = 0
+    for line in launcher.stdout:
+        ready += line.rstrip().endswith("ready")
+        if ready == 2:
+            return
 
 
 def test_no_rank_outlives_a_killed_launcher(job_file, tmp_path):
@@ -75,15 +91,8 @@ def test_no_rank_outlives_a_killed_launcher(job_file, tmp_path):
 def test_no_rank_of_a_users_script_outlives_a_killed_launcher(tmp_path):
     """A script that never calls hvdk8s.torch.init() (where ranks used to start dying with their parent) dies
     with its launcher too: hvdk8s.rankmain arranges it before the script runs."""
-    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
-    (tmp_path / "job.yaml").write_text("name: sleeper\nframework: pytorch\nentrypoint: {script: sleeper.py}\n"
-                                      "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")
-    launcher = _launch(tmp_path / "job.yaml")
-    ready = 0
-    for line in launcher.stdout:
-        ready += line.rstrip().endswith("ready")
-        if ready == 2:
-            break
+    launcher = _launch(_sleeper_job(tmp_path))
+    _until_both_ready(launcher)
     _kill_and_outlive_check(launcher, [b"-m", b"hvdk8s.rankmain"])
 
 
@@ -95,24 +104,13 @@ def test_a_launch_told_to_stop_stops_its_ranks_and_leaves_no_file(tmp_path, sign
     import os
     import signal
     import subprocess
-    import sys
 
-    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
-    (tmp_path / "job.yaml").write_text("name: sleeper\nframework: pytorch\nentrypoint: {script: sleeper.py}\n"
-                                      "training: {epochs: 1, batch_size: 8, learning_rate: 0.1}\n")
     (tmp_path / "tmp").mkdir()  # where the launch puts the ranks' job file
-    launcher = subprocess.Popen([sys.executable, "-m", "hvdk8s", "launch", "--local", "-np", "2", f"--{controller}",
-                                 str(tmp_path / "job.yaml")], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
-                                # a closed terminal's SIGHUP as a terminal sends it: the suite may run under
-                                # nohup (a background run here did), whose ignored SIGHUP the launch keeps
-                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    ready = 0
-    for line in launcher.stdout:
-        ready += line.rstrip().endswith("ready")
-        if ready == 2:
-            break
+    launcher = _launch(_sleeper_job(tmp_path), f"--{controller}", env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+                       # a closed terminal's SIGHUP as a terminal sends it: the suite may run under nohup (a
+                       # background run here did), whose ignored SIGHUP the launch keeps
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    _until_both_ready(launcher)
     assert list((tmp_path / "tmp").glob("hvdk8s-job-*/job.yaml")), "the ranks' job file should exist meanwhile"
     os.kill(launcher.pid, signum)
     try:

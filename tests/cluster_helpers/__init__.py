@@ -39,6 +39,15 @@ NODES, NODE_GPUS = 4, 8  # kwok's fake nodes (32 CPUs, 256Gi, NODE_GPUS nvidia.c
 EXIT_CODE = "hvdk8s.test/exit-code"  # the annotation on which kwok ends a pod's containers (with this code)
 
 
+def api_client(kubeconfig: Path):
+    """An ApiClient of the tests' own for the kubeconfig's current context (not through hvdk8s's code)."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg, persist_config=False)
+    return client.ApiClient(cfg)
+
+
 @dataclass
 class Cluster:
     kubeconfig: Path
@@ -79,11 +88,7 @@ class Cluster:
 
     def api(self):
         """An admin ApiClient (the tests' own, for reading what the CLI made and for ending containers)."""
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg, persist_config=False)
-        return client.ApiClient(cfg)
+        return api_client(self.kubeconfig)
 
     def stop_apiserver(self) -> None:
         subprocess.run(["bash", str(SCRIPTS / "stop-135.sh"), str(self.state), "--apiserver-only"], check=True,
