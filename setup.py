@@ -33,7 +33,8 @@ setup(
     python_requires=">=3.10",
     package_dir=PACKAGE_DIR,
     packages=packages(),
-    package_data={"hvdk8s": ["dashboards/*.json"]},  # the Grafana dashboard of the ranks' metrics
+    # the Grafana dashboard of the ranks' metrics; Open MPI's allreduce rules (hvdk8s/tuning.py)
+    package_data={"hvdk8s": ["dashboards/*.json", "native/allreduce-rules.conf"]},
     # A plain C library the launcher preloads into ranks (hvdk8s/tuning.py), not a Python module. Optional:
     # without a C compiler hvdk8s installs and runs, its ranks waiting as Horovod and OpenMPI do.
     ext_modules=[Extension("hvdk8s._sleepy_negotiation", ["hvdk8s/native/sleepy_negotiation.c"], optional=True)],

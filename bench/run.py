@@ -18,7 +18,7 @@ BENCHMARKS = {
     "peers": ("hvdk8s.bench.peers:run", "2-rank step: hvdk8s vs torch DDP vs raw Horovod, idle and contended"),
     "allreduce": ("hvdk8s.bench.allreduce:run", "allreduce 1 KB-256 MB, fp32 vs fp16, bus bandwidth"),
     "scaling": ("hvdk8s.bench.peers:run_scaling", "samples/s at 1 and 2 ranks"),
-    "knobs": ("hvdk8s.bench.knobs:run", "fusion threshold, cycle time, contention settings"),
+    "knobs": ("hvdk8s.bench.knobs:run", "fusion threshold, cycle time, contention settings, allreduce algorithm"),
     "tf_fit": ("hvdk8s.bench.tf_fit:run", "Keras model.fit through hvdk8s.tensorflow vs plain Keras"),
     "tf_input": ("hvdk8s.bench.tf_input:run", "the TensorFlow input pipeline vs the PyTorch loader"),
     "loader": ("hvdk8s.bench.loader_prefetch:run", "loader prefetch on a shard dataset from disk"),

@@ -25,6 +25,19 @@ preloaded MPI_Allreduce waits for those bitwise reductions asleep and passes eve
 job (ResNet-20: 1.03x and 0.87x), against 0.92-0.96x and 1.08-1.11x without it.
 HVDK8S_SLEEPY_NEGOTIATION=0 turns it off. hvdk8s.torch's optimizer also waits asleep by itself.
 
+ALLREDUCE RULES (hvdk8s/native/allreduce-rules.conf, Open MPI 4.1's coll/tuned rules file, read through
+OMPI_MCA_coll_tuned_use_dynamic_rules=1 and OMPI_MCA_coll_tuned_dynamic_rules_filename): allreduces of
+16 MB and more take Open MPI's ring; smaller ones keep Open MPI's own choice. For 2 ranks and large
+messages Open MPI 4.1.4 picks an algorithm that moved about twice the ring's bytes here (one 118 MB
+allreduce across an emulated 1 Gbit/s link: 1941 ms, the ring's bound 941). A step of a 29.4M-parameter
+MLP (gradients 50-67 MB a tensor) took 0.89-0.91x the time on one machine (2 ranks, 3 runs), 0.93x (fp32)
+and 0.89x (fp16) across 2 emulated nodes at 1 Gbit/s, 0.97x and 0.89x at 10 Gbit/s, 0.91x and 0.89x at
+2 nodes x 2 ranks (docs/performance.md); the small models' steps (many small tensors, ResNet-20, the
+Transformer: messages under 16 MB) are unchanged. The file
+ships in the package (local ranks), at IMAGE_ALLREDUCE_RULES in the images (the MPIJob names that path);
+where it is missing Open MPI keeps its own choice. Not for elastic jobs (Gloo's allreduce, not Open
+MPI's), and left out where the job's env names any OMPI_MCA_coll_tuned_ variable of its own.
+
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
 to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
 frees and reallocates activations of a few MB faults their pages in again every step: a 2-rank ResNet-20
@@ -69,6 +82,9 @@ WORLD_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "MV2
 SLEEPY_NEGOTIATION_ENV = "HVDK8S_SLEEPY_NEGOTIATION"  # "0": Horovod's negotiation polls as Open MPI does
 # Where the images (Dockerfile.gpu) put the built library: a fixed path, so the MPIJob can name it.
 IMAGE_SLEEPY_NEGOTIATION = "/opt/hvdk8s/lib/libhvdk8s_sleepy_negotiation.so"
+ALLREDUCE_RULES = Path(__file__).parent / "native" / "allreduce-rules.conf"  # package data (setup.py)
+IMAGE_ALLREDUCE_RULES = "/opt/hvdk8s/lib/allreduce-rules.conf"  # linked there with the library
+COLL_TUNED = "OMPI_MCA_coll_tuned_"  # a job's env naming one of these keeps Open MPI's collectives as it says
 # The Open MPI the preload was written and measured against (its ops' symbol names, pointer handles, and
 # non-blocking collectives progressed in MPI_Test): 4.1 (Debian's 4.1.4 here, Ubuntu 24.04's 4.1.6 in the
 # images). The library checks the same at run time (MPI_Get_library_version) and passes through elsewhere.
@@ -79,13 +95,14 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters for 
 @dataclass(frozen=True)
 class Placement:
     """What the profile depends on: how many ranks the job starts, whether they see GPUs, whether the job is
-    elastic (its size may change), and the path of the sleepy negotiation where the ranks run (None: absent,
-    or not the Open MPI it was written for)."""
+    elastic (its size may change), and the paths of the sleepy negotiation and of the allreduce rules where
+    the ranks run (None: absent, or not the Open MPI they were written for)."""
 
     ranks: int
     gpus: bool
     elastic: bool = False
     library: Optional[str] = None
+    rules: Optional[str] = None
 
 
 def resolve(choice: str, gpus: bool) -> str:
@@ -101,9 +118,9 @@ def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> di
     """The variables the profile gives ranks placed as `placement`, whose own environment (the user's or the
     job's `kubernetes.env`) is `env`: PROFILE_ENV, then, for `shared-cpu`, each setting `env` does not name
     (`defaults`), HOROVOD_CYCLE_TIME for a job of one rank for good that sees no GPU (even where
-    `shared-cpu` is chosen for a GPU job), and LD_PRELOAD with the sleepy
-    negotiation ahead of `env`'s own preloads for more than one rank of Open MPI (a single rank has no peer
-    to wait for). Only these are added to the ranks' environment: nothing else, nowhere else."""
+    `shared-cpu` is chosen for a GPU job), and, for more than one rank of Open MPI (a single rank has no peer
+    to wait for), LD_PRELOAD with the sleepy negotiation ahead of `env`'s own preloads and the allreduce
+    rules. Only these are added to the ranks' environment: nothing else, nowhere else."""
     profile = resolve(choice, placement.gpus)
     out = {PROFILE_ENV: profile}
     if profile == "none":
@@ -116,7 +133,15 @@ def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> di
     preload = preloads(env, placement.library) if placement.ranks > 1 and not placement.elastic else None
     if preload is not None:
         out["LD_PRELOAD"] = preload
+    if placement.rules is not None and placement.ranks > 1 and not placement.elastic \
+            and not any(name.startswith(COLL_TUNED) for name in env):
+        out.update(allreduce_rules(placement.rules))
     return out
+
+
+def allreduce_rules(path: str) -> dict[str, str]:
+    """The Open MPI variables that make ranks read the allreduce rules at `path` (ALLREDUCE RULES above)."""
+    return {f"{COLL_TUNED}use_dynamic_rules": "1", f"{COLL_TUNED}dynamic_rules_filename": path}
 
 
 def sleepy_negotiation_library() -> Optional[Path]:
@@ -135,17 +160,27 @@ def open_mpi_series(version_text: str) -> Optional[tuple[int, int]]:
 
 
 @functools.lru_cache(maxsize=None)
-def local_library() -> Optional[str]:
-    """The sleepy negotiation for ranks on this machine: the built library where this machine's mpirun is the
-    Open MPI it was written for (OPEN_MPI_SERIES), else None."""
-    library, mpirun = sleepy_negotiation_library(), shutil.which("mpirun")
-    if library is None or mpirun is None:
-        return None
+def local_open_mpi() -> bool:
+    """Whether this machine's mpirun is the Open MPI the library and the rules were written for (OPEN_MPI_SERIES)."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return False
     try:
         text = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return str(library) if open_mpi_series(text) == OPEN_MPI_SERIES else None
+        return False
+    return open_mpi_series(text) == OPEN_MPI_SERIES
+
+
+def local_library() -> Optional[str]:
+    """The sleepy negotiation for ranks on this machine: the built library where local_open_mpi(), else None."""
+    library = sleepy_negotiation_library()
+    return str(library) if library is not None and local_open_mpi() else None
+
+
+def local_rules() -> Optional[str]:
+    """The allreduce rules for ranks on this machine: the package's file where local_open_mpi(), else None."""
+    return str(ALLREDUCE_RULES) if ALLREDUCE_RULES.is_file() and local_open_mpi() else None
 
 
 def gpus_visible(env: Mapping[str, str]) -> bool:
@@ -200,7 +235,8 @@ def in_rank(env: MutableMapping[str, str], gpus: bool) -> list[str]:
     if PROFILE_ENV in env:
         return []
     placement = Placement(ranks=launched_size(env), gpus=gpus, elastic=elastic(env),
-                          library=str(sleepy_negotiation_library() or "") or None)
+                          library=str(sleepy_negotiation_library() or "") or None,
+                          rules=str(ALLREDUCE_RULES) if ALLREDUCE_RULES.is_file() else None)
     wanted = profile_env("auto", placement, env)
     preload = wanted.pop("LD_PRELOAD", None)
     env.update(wanted)
@@ -222,16 +258,21 @@ def _mallopt(option: int, value: int) -> None:
 
 
 def link_image_library() -> Optional[str]:
-    """Link the built sleepy negotiation at IMAGE_SLEEPY_NEGOTIATION, where rendered MPIJobs preload it (an
-    image's build, Dockerfile.gpu); why not, or None."""
+    """Link the allreduce rules at IMAGE_ALLREDUCE_RULES and the built sleepy negotiation at
+    IMAGE_SLEEPY_NEGOTIATION, where rendered MPIJobs name them (an image's build, Dockerfile.gpu); why the
+    library could not be, or None."""
+    _link(Path(IMAGE_ALLREDUCE_RULES), ALLREDUCE_RULES)
     library = sleepy_negotiation_library()
     if library is None:
         return "the sleepy negotiation was not built (a C compiler is needed)"
-    target = Path(IMAGE_SLEEPY_NEGOTIATION)
+    _link(Path(IMAGE_SLEEPY_NEGOTIATION), library)
+    return None
+
+
+def _link(target: Path, source: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
-    target.symlink_to(library)
-    return None
+    target.symlink_to(source)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

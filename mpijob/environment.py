@@ -37,10 +37,12 @@ def hvdk8s_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
 
 
 def tuning_env(spec: JobSpec, topo: Topology) -> dict[str, str]:
-    """The job's tuning profile (`resources.tuning`) for its ranks, with the image's sleepy negotiation: all
-    of it in the MPIJob's env, nothing added at run time. The job's own `env` keeps what it names."""
+    """The job's tuning profile (`resources.tuning`) for its ranks, with the image's sleepy negotiation and
+    allreduce rules: all of it in the MPIJob's env, nothing added at run time. The job's own `env` keeps
+    what it names."""
     placement = tuning.Placement(ranks=topo.ranks, gpus=bool(topo.gpus_per_worker),
-                                 elastic=spec.training.elastic is not None, library=tuning.IMAGE_SLEEPY_NEGOTIATION)
+                                 elastic=spec.training.elastic is not None, library=tuning.IMAGE_SLEEPY_NEGOTIATION,
+                                 rules=tuning.IMAGE_ALLREDUCE_RULES)
     secret = spec.kubernetes.secret_env  # set by reference: the profile leaves those names to the job too
     own = {**spec.kubernetes.env, **dict.fromkeys(secret, "")}
     return {k: v for k, v in tuning.profile_env(spec.resources.tuning, placement, own).items() if k not in secret}

@@ -421,7 +421,7 @@ def test_base_image_metadata_and_shell(dockerfile):
 def test_the_sleepy_negotiation_is_linked_where_the_mpijob_preloads_it_and_optional_on_gpu(dockerfile, tmp_path,
                                                                                          monkeypatch):
     """The final stage links the built library at tuning.IMAGE_SLEEPY_NEGOTIATION (the CPU jobs' rendered
-    LD_PRELOAD); the CPU image fails its build without it, the GPU image (whose jobs' `auto` profile has no
+    LD_PRELOAD) and the allreduce rules at tuning.IMAGE_ALLREDUCE_RULES; the CPU image fails its build without it, the GPU image (whose jobs' `auto` profile has no
     preload) builds without it. The build's command runs here for real, into a temporary path."""
     from hvdk8s import tuning
 
@@ -433,8 +433,10 @@ def test_the_sleepy_negotiation_is_linked_where_the_mpijob_preloads_it_and_optio
     assert not [c for c in run if "sleepy_negotiation_library" in c]  # no other check that fails a GPU build
 
     monkeypatch.setattr(tuning, "IMAGE_SLEEPY_NEGOTIATION", str(tmp_path / "lib" / "sleepy.so"))
+    monkeypatch.setattr(tuning, "IMAGE_ALLREDUCE_RULES", str(tmp_path / "lib" / "rules.conf"))
     assert tuning.main(["--image-library", "cpu"]) == 0
     assert (tmp_path / "lib" / "sleepy.so").resolve() == tuning.sleepy_negotiation_library().resolve()
+    assert (tmp_path / "lib" / "rules.conf").read_text() == tuning.ALLREDUCE_RULES.read_text()  # GPU images too
     monkeypatch.setattr(tuning, "sleepy_negotiation_library", lambda: None)  # as a build without a C compiler
     assert tuning.main(["--image-library", "gpu"]) == 0
     assert tuning.main(["--image-library", "cpu"]) == 1

@@ -27,6 +27,7 @@ def test_the_wheel_holds_every_module_and_no_generic_top_level_name(tmp_path):
                 for folder, package in FOLDERS.items() for path in (ROOT / folder).rglob("*.py")}
     assert expected <= names, f"missing from the wheel: {sorted(expected - names)}"
     assert "hvdk8s/dashboards/hvdk8s-training.json" in names  # package data: the Grafana dashboard
+    assert "hvdk8s/native/allreduce-rules.conf" in names  # and the ranks' allreduce rules (hvdk8s/tuning.py)
     assert any(n.startswith("hvdk8s/_sleepy_negotiation.") and n.endswith(".so") for n in names)  # built, not copied
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"hvdk8s"}

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (
 GOLDEN = ROOT / "tests" / "golden"
 GPU_CASES = ("gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "nfs-cached", "s3-cached", "single-node")
 # Everything the shared-cpu profile may set; HVDK8S_TUNING names the profile and is always there.
-CPU_BOX = (*tuning.DEFAULTS, *tuning.SINGLE_RANK, "LD_PRELOAD")
+CPU_BOX = (*tuning.DEFAULTS, *tuning.SINGLE_RANK, "LD_PRELOAD", *tuning.allreduce_rules(""))
 
 
 def launcher(spec) -> tuple[dict, list[str]]:
@@ -48,22 +48,23 @@ def profile_of(env: dict) -> dict:
 # --- one function, two back ends ------------------------------------------------------------------
 
 def test_auto_is_the_cpu_box_profile_without_gpus_and_nothing_with_them():
-    lib = "/lib/sleepy.so"
-    cpu = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, library=lib), {})
-    assert cpu == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, "LD_PRELOAD": lib}
-    alone = tuning.profile_env("auto", tuning.Placement(ranks=1, gpus=False, library=lib), {})
+    lib, rules = "/lib/sleepy.so", "/lib/rules.conf"
+    cpu = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, library=lib, rules=rules), {})
+    assert cpu == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, "LD_PRELOAD": lib,
+                   "OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_dynamic_rules_filename": rules}
+    alone = tuning.profile_env("auto", tuning.Placement(ranks=1, gpus=False, library=lib, rules=rules), {})
     assert alone == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, **tuning.SINGLE_RANK}  # no peer to wait for
-    elastic = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, elastic=True, library=lib), {})
+    elastic = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, elastic=True, library=lib, rules=rules), {})
     assert elastic == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS}  # peers may join; Gloo, not MPI
     for ranks in (1, 8):  # one GPU too: a script's raw hvd.allreduce would wait for a 20 ms cycle
-        assert tuning.profile_env("auto", tuning.Placement(ranks=ranks, gpus=True, library=lib), {}) == \
+        assert tuning.profile_env("auto", tuning.Placement(ranks=ranks, gpus=True, library=lib, rules=rules), {}) == \
             {tuning.PROFILE_ENV: "none"}
-    assert tuning.profile_env("none", tuning.Placement(ranks=2, gpus=False, library=lib), {}) == \
+    assert tuning.profile_env("none", tuning.Placement(ranks=2, gpus=False, library=lib, rules=rules), {}) == \
         {tuning.PROFILE_ENV: "none"}
-    forced = tuning.profile_env("shared-cpu", tuning.Placement(ranks=2, gpus=True, library=lib), {})
+    forced = tuning.profile_env("shared-cpu", tuning.Placement(ranks=2, gpus=True, library=lib, rules=rules), {})
     assert forced == cpu
     no_library = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, library=None), {})
-    assert "LD_PRELOAD" not in no_library  # not built, or not the Open MPI it was written for
+    assert not {"LD_PRELOAD", *tuning.allreduce_rules("")} & set(no_library)  # not built, or another MPI
 
 
 def test_the_users_own_settings_stay_and_their_preloads_follow_the_library():
@@ -74,6 +75,11 @@ def test_the_users_own_settings_stay_and_their_preloads_follow_the_library():
     assert not set(tuning.MALLOC) & set(tuning.profile_env("auto", placement, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}))
     off = tuning.profile_env("auto", placement, {tuning.SLEEPY_NEGOTIATION_ENV: "0"})
     assert "LD_PRELOAD" not in off
+    # A job that names any of Open MPI's coll/tuned settings keeps its collectives as it says, whole.
+    ruled = tuning.Placement(ranks=2, gpus=False, library=lib, rules="/lib/rules.conf")
+    assert set(tuning.allreduce_rules("")) <= set(tuning.profile_env("auto", ruled, {}))
+    own = tuning.profile_env("auto", ruled, {"OMPI_MCA_coll_tuned_allreduce_algorithm": "6"})
+    assert not set(tuning.allreduce_rules("")) & set(own)
 
 
 def test_the_preload_is_only_for_the_open_mpi_it_was_written_for():
@@ -82,6 +88,7 @@ def test_the_preload_is_only_for_the_open_mpi_it_was_written_for():
     assert tuning.open_mpi_series("mpirun (Open MPI) 5.0.3") == (5, 0)
     assert tuning.open_mpi_series("HYDRA build details:\n    Version: 4.1.2") is None  # MPICH
     assert tuning.local_library() == str(sleepy_negotiation_library())  # this machine's is Open MPI 4.1
+    assert tuning.local_rules() == str(tuning.ALLREDUCE_RULES) and tuning.ALLREDUCE_RULES.is_file()
 
 
 @pytest.mark.parametrize("case", GPU_CASES)
@@ -103,7 +110,8 @@ def test_a_one_gpu_job_keeps_horovods_cycle():
 def test_the_cpu_mpijob_shows_the_whole_profile_as_plain_env_forwarded_to_every_rank():
     env, forwarded = rendered("cpu")
     assert profile_of(env) == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS,
-                               "LD_PRELOAD": tuning.IMAGE_SLEEPY_NEGOTIATION}
+                               "LD_PRELOAD": tuning.IMAGE_SLEEPY_NEGOTIATION,
+                               **tuning.allreduce_rules(tuning.IMAGE_ALLREDUCE_RULES)}
     assert set(profile_of(env)) <= set(forwarded)
     alone, _ = rendered("cpu", "resources.workers=1", "resources.ranks_per_worker=1")
     assert profile_of(alone) == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, **tuning.SINGLE_RANK}
@@ -117,7 +125,7 @@ def test_the_job_file_chooses_the_profile():
     none, _ = rendered("cpu", "resources.tuning=none")
     assert profile_of(none) == {tuning.PROFILE_ENV: "none"}
     forced, _ = rendered("gpu-1x8", "resources.tuning=shared-cpu")
-    assert set(profile_of(forced)) == {tuning.PROFILE_ENV, *tuning.DEFAULTS, "LD_PRELOAD"}
+    assert set(profile_of(forced)) == {tuning.PROFILE_ENV, *tuning.DEFAULTS, "LD_PRELOAD", *tuning.allreduce_rules("")}
     own, _ = rendered("cpu", "kubernetes.env={LD_PRELOAD: /opt/mine.so, OMPI_MCA_mpi_yield_when_idle: '0'}")
     assert own["LD_PRELOAD"] == f"{tuning.IMAGE_SLEEPY_NEGOTIATION} /opt/mine.so"
     assert own["OMPI_MCA_mpi_yield_when_idle"] == "0"
@@ -133,7 +141,8 @@ def test_a_bad_profile_is_named_by_its_field():
 def test_local_ranks_get_the_profile_of_the_job():
     base = {k: v for k, v in os.environ.items() if k not in (tuning.PROFILE_ENV, *CPU_BOX)}
     assert profile_of(local.environment(2, base=base)) == {
-        tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, "LD_PRELOAD": str(sleepy_negotiation_library())}
+        tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, "LD_PRELOAD": str(sleepy_negotiation_library()),
+        **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
     assert profile_of(local.environment(2, base=base, profile="none")) == {tuning.PROFILE_ENV: "none"}
     assert profile_of(local.environment(1, base=base, elastic=True)) == {tuning.PROFILE_ENV: "shared-cpu",
                                                                         **tuning.DEFAULTS}
@@ -142,7 +151,8 @@ def test_local_ranks_get_the_profile_of_the_job():
 def test_a_rank_no_hvdk8s_launcher_started_applies_what_it_can_and_names_the_rest():
     env = {"OMPI_COMM_WORLD_SIZE": "2"}
     notes = tuning.in_rank(env, gpus=False)
-    assert env == {"OMPI_COMM_WORLD_SIZE": "2", tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS}
+    assert env == {"OMPI_COMM_WORLD_SIZE": "2", tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS,
+                   **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
     assert len(notes) == 1 and f"LD_PRELOAD={sleepy_negotiation_library()}" in notes[0]
     alone = {}
     assert tuning.in_rank(alone, gpus=False) == [] and alone["HOROVOD_CYCLE_TIME"] == "20"
@@ -158,7 +168,8 @@ def test_a_rank_no_hvdk8s_launcher_started_applies_what_it_can_and_names_the_res
 @pytest.mark.ranks
 def test_a_local_cpu_rank_gets_exactly_what_the_mpijob_renders(tmp_path):
     """The same job, rendered and launched here with as many ranks: the profile's variables of a real rank
-    are the MPIJob's, the library's path aside (the image's there, the built one here), and init adds none."""
+    are the MPIJob's, the paths of the library and of the allreduce rules aside (the image's there, the
+    package's here), and init adds none."""
     out = tmp_path / "out"
     out.mkdir()
     job = {"name": "tuned", "framework": "pytorch",
@@ -172,6 +183,7 @@ def test_a_local_cpu_rank_gets_exactly_what_the_mpijob_renders(tmp_path):
     expected = profile_of(env)
     expected["LD_PRELOAD"] = expected["LD_PRELOAD"].replace(tuning.IMAGE_SLEEPY_NEGOTIATION,
                                                             str(sleepy_negotiation_library()))
+    expected.update(tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES)))
     for rank in rank_results(out):
         assert rank["given"] == expected and rank["after_init"] == expected, (rank, expected)
 
@@ -188,7 +200,8 @@ def test_ranks_started_by_plain_mpirun_apply_the_profile_themselves(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in rank_results(out):
-        assert rank["given"] == {} and rank["after_init"] == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS}
+        assert rank["given"] == {} and rank["after_init"] == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS,
+                                                             **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "cannot be loaded from inside a rank" in line]
     assert len(said) == 1 and "LD_PRELOAD=" in said[0], proc.stdout + proc.stderr
 

@@ -158,7 +158,7 @@ def environment(np: int, base: Optional[dict] = None, job_file: Optional[Path] =
     bound on a hung rank, and the tuning `profile` (the job's resources.tuning) for `np` ranks here."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if not _inherited_mpi_job(k)}
     placement = tuning.Placement(ranks=np, gpus=tuning.gpus_visible(env), elastic=elastic,
-                                 library=tuning.local_library())
+                                 library=tuning.local_library(), rules=tuning.local_rules())
     profile_env = tuning.profile_env(profile, placement, env)
     env.update(stall_env(stall_timeout))
     if job_file is not None:

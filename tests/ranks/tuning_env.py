@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hvdk8s import tuning
 
-NAMES = (tuning.PROFILE_ENV, *tuning.DEFAULTS, *tuning.SINGLE_RANK, "LD_PRELOAD")
+NAMES = (tuning.PROFILE_ENV, *tuning.DEFAULTS, *tuning.SINGLE_RANK, "LD_PRELOAD", *tuning.allreduce_rules(""))
 
 
 def tuning_vars() -> dict:
