@@ -1,8 +1,9 @@
 """12. Training across slow links, emulated on this machine (hvdk8s.bench.netns): 2 "nodes" (network
 namespaces on a bridge, each link shaped with tbf) x 1 rank, and x 2 ranks at 1 Gbit/s in the full run
 (fast inside a node, the shaped link between), training a 29.4M-parameter MLP (0.8M with --quick): hvdk8s.torch with
-compression none, fp16 and PowerSGD (rank 4), against torch DDP (gloo) with no hook, its fp16 hook and its
-PowerSGD hook (rank 4), per link rate.
+compression none, fp16 and PowerSGD (rank 4), and uncompressed without hvdk8s's allreduce rules (Open MPI's
+own algorithm), against torch DDP (gloo) with no hook, its fp16 hook and its PowerSGD hook (rank 4), per link
+rate.
 
 - `network`: ms per step, per link rate (a group each), ratios against hvdk8s uncompressed on that link;
   each row's extra holds the gradient bytes a rank sends per step.
@@ -22,7 +23,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
+from hvdk8s import tuning
 from hvdk8s.bench import netns
 from hvdk8s.bench.core import BenchError, CannotRunHere, Comparison, Row, interleaved
 from hvdk8s.bench.ranks import TIMEOUT, kill_tree, rank_env
@@ -30,7 +33,10 @@ from hvdk8s.launch import local
 
 RANK = "hvdk8s.bench.network_rank"
 CONFIGS = {"hvdk8s": ("hvdk8s", "none"), "hvdk8s fp16": ("hvdk8s", "fp16"), "hvdk8s powersgd": ("hvdk8s", "powersgd"),
+           "hvdk8s, Open MPI's allreduce": ("hvdk8s", "none"),
            "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd")}
+# Each row runs with hvdk8s's tuning profile but this one, without its allreduce rules (hvdk8s/tuning.py).
+CONFIG_ENV = {"hvdk8s, Open MPI's allreduce": dict.fromkeys(tuning.allreduce_rules(""))}
 LINKS_GBIT = (None, 10.0, 1.0)  # None: unshaped (veth copies, several Gbit/s here)
 _PORTS = itertools.count(29677)  # torchrun's master port, one per DDP run
 GRACE = 120  # seconds the rest of a run may take to end after one of its processes has ended
@@ -40,13 +46,15 @@ def _link_label(gbit) -> str:
     return "unshaped" if gbit is None else f"{gbit:g} Gbit/s"
 
 
-def _run(nodes: list[netns.Node], per_node: int, agent: Path, mode: str, config: dict) -> dict:
+def _run(nodes: list[netns.Node], per_node: int, agent: Path, mode: str, config: dict,
+         extra_env: Optional[dict] = None) -> dict:
     np = len(nodes) * per_node
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:
         out = Path(tmp) / "result.json"
         threads = max(1, (os.cpu_count() or 1) // np)  # every rank shares this one machine's cores
         program = [sys.executable, "-m", RANK, json.dumps({**config, "out": str(out), "threads": threads})]
-        env = {**rank_env(np, {"OMP_NUM_THREADS": str(threads)}, mode), "GLOO_SOCKET_IFNAME": "eth0"}
+        env = {**rank_env(np, {"OMP_NUM_THREADS": str(threads), **(extra_env or {})}, mode),
+               "GLOO_SOCKET_IFNAME": "eth0"}
         subnet = nodes[0].address.rsplit(".", 1)[0] + ".0/24"
         if mode == "hvdk8s":
             commands = [[local.mpirun(), "-np", str(np), "-H", ",".join(f"{n.address}:{per_node}" for n in nodes),
@@ -118,7 +126,8 @@ def run(quick: bool) -> Comparison:
                 def measure(label, per_node=per_node):
                     mode, compression = CONFIGS[label]
                     result = _run(nodes, per_node, agent, mode, {"mode": mode, "compression": compression, "rank": 4,
-                                                                  "model": model, "batch": 32, "steps": steps})
+                                                                  "model": model, "batch": 32, "steps": steps},
+                                  CONFIG_ENV.get(label))
                     sent[label] = result["sent_bytes"]
                     return 1000 * result["seconds_per_step"]
 
