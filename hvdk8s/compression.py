@@ -1,17 +1,19 @@
 """Which gradient compression `auto` means, as measured rather than by habit.
 
-fp16 halves the bytes on the wire but adds a cast on each side and an fp16 reduction. Within one node
-(shared memory) it costs more than it saves: on 2 CPU ranks of one host, Horovod with fp16 took 1.34x as
-long per step as without (`hvdk8s bench --only knobs`). Across nodes it pays: 2 emulated nodes on TCP
-links (`hvdk8s bench --only network`, 29.4M-parameter MLP, CPU ranks) stepped in 0.65x the time at
-1 Gbit/s, 0.94x at 10 Gbit/s and 0.75x unshaped (docs/performance.md). So `auto` is fp16 wherever the
-job spans more than one node: for GPU jobs as before (NCCL's fp16 allreduce across nodes), and now for
-CPU jobs too.
+fp16 halves the bytes on the wire but adds a cast on each side and an fp16 reduction, and rounds every
+gradient. Within one node (shared memory) it was first measured costing more than it saved (2 CPU ranks,
+1.34x the step); later runs of `hvdk8s bench --only knobs` gave 0.88-0.94x for that one model, so `auto`
+keeping none within a node now rests on the rounding and on too little evidence to change it
+(docs/performance.md). Across nodes it pays: 2 emulated nodes on TCP
+links (`hvdk8s bench --only network`, 29.4M-parameter MLP, CPU ranks) stepped in 0.65-0.71x the time at
+1 Gbit/s, 0.90-0.94x at 10 Gbit/s and 0.75-1.00x unshaped (three runs, docs/performance.md). So `auto`
+is fp16 wherever the job spans more than one node: for GPU jobs as before (NCCL's fp16 allreduce across
+nodes), and now for CPU jobs too.
 
 powersgd sends low-rank factors of each weight's gradient with error feedback
 (hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py): chosen by the job, never by `auto`, because it
 changes what the model learns (docs/training.md), although it paid at every link rate measured (rank 4:
-0.24x at 1 Gbit/s, 0.91x at 10 Gbit/s and unshaped; docs/performance.md).
+0.22-0.24x at 1 Gbit/s, 0.91x at 10 Gbit/s, 0.91-0.93x unshaped; docs/performance.md).
 """
 from __future__ import annotations
 
