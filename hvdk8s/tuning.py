@@ -27,16 +27,16 @@ HVDK8S_SLEEPY_NEGOTIATION=0 turns it off. hvdk8s.torch's optimizer also waits as
 
 ALLREDUCE RULES (hvdk8s/native/allreduce-rules.conf, Open MPI 4.1's coll/tuned rules file, read through
 OMPI_MCA_coll_tuned_use_dynamic_rules=1 and OMPI_MCA_coll_tuned_dynamic_rules_filename): allreduces of
-16 MB and more take Open MPI's ring; smaller ones keep Open MPI's own choice. For 2 ranks and large
-messages Open MPI 4.1.4 picks an algorithm that moved about twice the ring's bytes here (one 118 MB
-allreduce across an emulated 1 Gbit/s link: 1941 ms, the ring's bound 941). A step of a 29.4M-parameter
-MLP (gradients 50-67 MB a tensor) took 0.89-0.91x the time on one machine (2 ranks, 3 runs), 0.93x (fp32)
-and 0.89x (fp16) across 2 emulated nodes at 1 Gbit/s, 0.97x and 0.89x at 10 Gbit/s, 0.91x and 0.89x at
-2 nodes x 2 ranks (docs/performance.md); the small models' steps (many small tensors, ResNet-20, the
-Transformer: messages under 16 MB) are unchanged. The file
-ships in the package (local ranks), at IMAGE_ALLREDUCE_RULES in the images (the MPIJob names that path);
-where it is missing Open MPI keeps its own choice. Not for elastic jobs (Gloo's allreduce, not Open
-MPI's), and left out where the job's env names any OMPI_MCA_coll_tuned_ variable of its own.
+16 MB and more take Open MPI's ring; smaller ones keep Open MPI's own choice. A step of a
+29.4M-parameter MLP (gradients of 50-67 MB a tensor) without the rules took 1.02-1.14x the time with
+them across 2 emulated nodes (`hvdk8s bench --only network`: 1.07x at 1 Gbit/s and 1 rank a node, 1.14x
+at 2 ranks a node), and with them 0.975x (`knobs`) to 0.91x (ad hoc runs) the time without at 2 ranks on
+one machine; the
+small models' steps (many small tensors, ResNet-20, the Transformer: messages under 16 MB) are unchanged
+(docs/performance.md). The file ships in the package (local ranks) and at IMAGE_ALLREDUCE_RULES in the
+images (the MPIJob names that path); where it is missing Open MPI keeps its own choice. Not for elastic
+jobs (Gloo's allreduce, not Open MPI's), and left out where the job's env names any OMPI_MCA_coll_tuned_
+variable of its own.
 
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
 to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
@@ -161,7 +161,8 @@ def open_mpi_series(version_text: str) -> Optional[tuple[int, int]]:
 
 @functools.lru_cache(maxsize=None)
 def local_open_mpi() -> bool:
-    """Whether this machine's mpirun is the Open MPI the library and the rules were written for (OPEN_MPI_SERIES)."""
+    """Whether this machine's mpirun is the Open MPI that the library and the rules were written for
+    (OPEN_MPI_SERIES)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         return False

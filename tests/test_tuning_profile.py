@@ -54,7 +54,8 @@ def test_auto_is_the_cpu_box_profile_without_gpus_and_nothing_with_them():
                    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_dynamic_rules_filename": rules}
     alone = tuning.profile_env("auto", tuning.Placement(ranks=1, gpus=False, library=lib, rules=rules), {})
     assert alone == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, **tuning.SINGLE_RANK}  # no peer to wait for
-    elastic = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, elastic=True, library=lib, rules=rules), {})
+    elastic = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, elastic=True, library=lib, rules=rules),
+                                 {})
     assert elastic == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS}  # peers may join; Gloo, not MPI
     for ranks in (1, 8):  # one GPU too: a script's raw hvd.allreduce would wait for a 20 ms cycle
         assert tuning.profile_env("auto", tuning.Placement(ranks=ranks, gpus=True, library=lib, rules=rules), {}) == \
