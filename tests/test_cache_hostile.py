@@ -169,7 +169,9 @@ def test_a_server_that_stops_sending_mid_file_is_bounded_per_file_over_its_retri
     message = str(caught.value)
     assert f"{url}/big.bin" in message and "no data for 1 s" in message, message  # ended by the stall bound
     assert took >= 1.0, took  # not before it
-    assert server.gets["/ds/big.bin"] == 3  # 0.4 + 0.4 + the 0.2 left of the bound, not 11 tries
+    # Each try waits its 0.4 s for a body that never comes, so at most 3 fit in the 1 s bound (0.4 + 0.4 +
+    # the 0.2 left), not the 11 the retries allow; a busy machine fits fewer (2 in a CI run, 2026-12-05).
+    assert 1 <= server.gets["/ds/big.bin"] <= 3, server.gets
     assert cached_path(url, tmp_path / "cache") is None
     server.gate.set()
     assert digests(sync(url, tmp_path / "cache").path) == digests(www / "ds")
