@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
-from hvdk8s.bench.core import Comparison, Row, interleaved
 from hvdk8s import tuning
+from hvdk8s.bench.core import Comparison, Row, interleaved
 from hvdk8s.bench.ranks import contending_job, run_json, step_seconds
 
 MB = 1 << 20

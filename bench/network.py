@@ -35,7 +35,7 @@ RANK = "hvdk8s.bench.network_rank"
 CONFIGS = {"hvdk8s": ("hvdk8s", "none"), "hvdk8s fp16": ("hvdk8s", "fp16"), "hvdk8s powersgd": ("hvdk8s", "powersgd"),
            "hvdk8s, Open MPI's allreduce": ("hvdk8s", "none"),
            "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd")}
-# Each row runs with hvdk8s's tuning profile but this one, without its allreduce rules (hvdk8s/tuning.py).
+# hvdk8s's rows run with its tuning profile (hvdk8s/tuning.py); this one without the profile's allreduce rules.
 CONFIG_ENV = {"hvdk8s, Open MPI's allreduce": dict.fromkeys(tuning.allreduce_rules(""))}
 LINKS_GBIT = (None, 10.0, 1.0)  # None: unshaped (veth copies, several Gbit/s here)
 _PORTS = itertools.count(29677)  # torchrun's master port, one per DDP run
