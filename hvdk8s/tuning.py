@@ -179,9 +179,14 @@ def local_library() -> Optional[str]:
     return str(library) if library is not None and local_open_mpi() else None
 
 
+def package_rules() -> Optional[str]:
+    """The allreduce rules the package ships, or None where its file is missing."""
+    return str(ALLREDUCE_RULES) if ALLREDUCE_RULES.is_file() else None
+
+
 def local_rules() -> Optional[str]:
     """The allreduce rules for ranks on this machine: the package's file where local_open_mpi(), else None."""
-    return str(ALLREDUCE_RULES) if ALLREDUCE_RULES.is_file() and local_open_mpi() else None
+    return package_rules() if local_open_mpi() else None
 
 
 def gpus_visible(env: Mapping[str, str]) -> bool:
@@ -237,7 +242,7 @@ def in_rank(env: MutableMapping[str, str], gpus: bool) -> list[str]:
         return []
     placement = Placement(ranks=launched_size(env), gpus=gpus, elastic=elastic(env),
                           library=str(sleepy_negotiation_library() or "") or None,
-                          rules=str(ALLREDUCE_RULES) if ALLREDUCE_RULES.is_file() else None)
+                          rules=package_rules())
     wanted = profile_env("auto", placement, env)
     preload = wanted.pop("LD_PRELOAD", None)
     env.update(wanted)
