@@ -38,6 +38,16 @@ images (the MPIJob names that path); where it is missing Open MPI keeps its own 
 jobs (Gloo's allreduce, not Open MPI's), and left out where the job's env names any OMPI_MCA_coll_tuned_
 variable of its own.
 
+TCP_FRAGMENTS (OMPI_MCA_btl_tcp_rdma_pipeline_frag_size=262144, for more than one rank, not elastic):
+past its first 128 KB, Open MPI 4.1 sends a large message over TCP as one fragment of up to 2 GB (its
+default). Across 2 emulated nodes at 1 Gbit/s (2 x 1 rank, 29.4M-parameter MLP) the step's large
+allreduces then ran at 50-70 % of the link (a Horovod timeline), and one 118 MB allreduce alone took twice
+the wire's time (1942 ms against 944) with the sleepy negotiation preloaded; in 256 KB fragments they ran
+at 87-96 % and that allreduce took 994 ms, and the step took 0.80-0.86x the time uncompressed and
+0.72-0.78x with fp16 (fragments of 64 KB to 256 KB alike, 1 MB and more less; ad hoc runs, then
+`hvdk8s bench --only network`'s row without it). Unchanged at 10 Gbit/s, on unshaped links and at 2
+ranks a node; ranks on one machine meet in shared memory, not TCP. Inert where the MPI is not Open MPI.
+
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
 to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
 frees and reallocates activations of a few MB faults their pages in again every step: a 2-rank ResNet-20
@@ -76,6 +86,7 @@ PROFILE_ENV = "HVDK8S_TUNING"  # the profile whose settings a launcher put in th
 MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", **MALLOC}
 SINGLE_RANK: dict[str, str] = {"HOROVOD_CYCLE_TIME": "20"}
+TCP_FRAGMENTS: dict[str, str] = {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": str(256 << 10)}
 # What launchers tell a rank of the job's size before MPI or Gloo starts (Open MPI, Horovod's Gloo, MPICH's
 # and Intel MPI's Hydra, MVAPICH, Slurm); a process with none of them was started on its own.
 WORLD_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
@@ -118,9 +129,10 @@ def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> di
     """The variables the profile gives ranks placed as `placement`, whose own environment (the user's or the
     job's `kubernetes.env`) is `env`: PROFILE_ENV, then, for `shared-cpu`, each setting `env` does not name
     (`defaults`), HOROVOD_CYCLE_TIME for a job of one rank for good that sees no GPU (even where
-    `shared-cpu` is chosen for a GPU job), and, for more than one rank of Open MPI (a single rank has no peer
-    to wait for), LD_PRELOAD with the sleepy negotiation ahead of `env`'s own preloads and the allreduce
-    rules. Only these are added to the ranks' environment: nothing else, nowhere else."""
+    `shared-cpu` is chosen for a GPU job), and, for more than one rank that is not elastic (a single rank has
+    no peer to wait for or send to), TCP_FRAGMENTS and, where the MPI is the Open MPI they were written for,
+    LD_PRELOAD with the sleepy negotiation ahead of `env`'s own preloads and the allreduce rules. Only these
+    are added to the ranks' environment: nothing else, nowhere else."""
     profile = resolve(choice, placement.gpus)
     out = {PROFILE_ENV: profile}
     if profile == "none":
@@ -129,12 +141,14 @@ def profile_env(choice: str, placement: Placement, env: Mapping[str, str]) -> di
     if placement.ranks == 1 and not placement.elastic and not placement.gpus:  # measured on CPU only
         wanted.update(SINGLE_RANK)
     out.update({name: value for name, value in wanted.items() if name not in env})
-    # Elastic jobs run on Gloo, whose negotiation is not an MPI_Allreduce: nothing there to preload for.
-    preload = preloads(env, placement.library) if placement.ranks > 1 and not placement.elastic else None
+    # Elastic jobs run on Gloo, whose negotiation, allreduce and TCP are not Open MPI's; one rank has no peer.
+    if placement.ranks == 1 or placement.elastic:
+        return out
+    out.update({name: value for name, value in TCP_FRAGMENTS.items() if name not in env})
+    preload = preloads(env, placement.library)
     if preload is not None:
         out["LD_PRELOAD"] = preload
-    if placement.rules is not None and placement.ranks > 1 and not placement.elastic \
-            and not any(name.startswith(COLL_TUNED) for name in env):
+    if placement.rules is not None and not any(name.startswith(COLL_TUNED) for name in env):
         out.update(allreduce_rules(placement.rules))
     return out
 

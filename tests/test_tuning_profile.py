@@ -23,7 +23,7 @@ pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (
 GOLDEN = ROOT / "tests" / "golden"
 GPU_CASES = ("gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "nfs-cached", "s3-cached", "single-node")
 # Everything the shared-cpu profile may set; HVDK8S_TUNING names the profile and is always there.
-CPU_BOX = (*tuning.DEFAULTS, *tuning.SINGLE_RANK, "LD_PRELOAD", *tuning.allreduce_rules(""))
+CPU_BOX = (*tuning.DEFAULTS, *tuning.SINGLE_RANK, *tuning.TCP_FRAGMENTS, "LD_PRELOAD", *tuning.allreduce_rules(""))
 
 
 def launcher(spec) -> tuple[dict, list[str]]:
@@ -51,6 +51,7 @@ def test_auto_is_the_cpu_box_profile_without_gpus_and_nothing_with_them():
     lib, rules = "/lib/sleepy.so", "/lib/rules.conf"
     cpu = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, library=lib, rules=rules), {})
     assert cpu == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, "LD_PRELOAD": lib,
+                   "OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "262144",
                    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_dynamic_rules_filename": rules}
     alone = tuning.profile_env("auto", tuning.Placement(ranks=1, gpus=False, library=lib, rules=rules), {})
     assert alone == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, **tuning.SINGLE_RANK}  # no peer to wait for
@@ -66,6 +67,7 @@ def test_auto_is_the_cpu_box_profile_without_gpus_and_nothing_with_them():
     assert forced == cpu
     no_library = tuning.profile_env("auto", tuning.Placement(ranks=2, gpus=False, library=None), {})
     assert not {"LD_PRELOAD", *tuning.allreduce_rules("")} & set(no_library)  # not built, or another MPI
+    assert tuning.TCP_FRAGMENTS.items() <= no_library.items()  # any Open MPI's TCP; other MPIs ignore OMPI_MCA_
 
 
 def test_the_users_own_settings_stay_and_their_preloads_follow_the_library():
@@ -81,6 +83,8 @@ def test_the_users_own_settings_stay_and_their_preloads_follow_the_library():
     assert set(tuning.allreduce_rules("")) <= set(tuning.profile_env("auto", ruled, {}))
     own = tuning.profile_env("auto", ruled, {"OMPI_MCA_coll_tuned_allreduce_algorithm": "6"})
     assert not set(tuning.allreduce_rules("")) & set(own)
+    own = tuning.profile_env("auto", ruled, {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "4194304"})
+    assert "OMPI_MCA_btl_tcp_rdma_pipeline_frag_size" not in own
 
 
 def test_the_preload_is_only_for_the_open_mpi_it_was_written_for():
@@ -110,7 +114,7 @@ def test_a_one_gpu_job_keeps_horovods_cycle():
 
 def test_the_cpu_mpijob_shows_the_whole_profile_as_plain_env_forwarded_to_every_rank():
     env, forwarded = rendered("cpu")
-    assert profile_of(env) == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS,
+    assert profile_of(env) == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, **tuning.TCP_FRAGMENTS,
                                "LD_PRELOAD": tuning.IMAGE_SLEEPY_NEGOTIATION,
                                **tuning.allreduce_rules(tuning.IMAGE_ALLREDUCE_RULES)}
     assert set(profile_of(env)) <= set(forwarded)
@@ -126,7 +130,8 @@ def test_the_job_file_chooses_the_profile():
     none, _ = rendered("cpu", "resources.tuning=none")
     assert profile_of(none) == {tuning.PROFILE_ENV: "none"}
     forced, _ = rendered("gpu-1x8", "resources.tuning=shared-cpu")
-    assert set(profile_of(forced)) == {tuning.PROFILE_ENV, *tuning.DEFAULTS, "LD_PRELOAD", *tuning.allreduce_rules("")}
+    assert set(profile_of(forced)) == {tuning.PROFILE_ENV, *tuning.DEFAULTS, *tuning.TCP_FRAGMENTS, "LD_PRELOAD",
+                                       *tuning.allreduce_rules("")}
     own, _ = rendered("cpu", "kubernetes.env={LD_PRELOAD: /opt/mine.so, OMPI_MCA_mpi_yield_when_idle: '0'}")
     assert own["LD_PRELOAD"] == f"{tuning.IMAGE_SLEEPY_NEGOTIATION} /opt/mine.so"
     assert own["OMPI_MCA_mpi_yield_when_idle"] == "0"
@@ -142,8 +147,8 @@ def test_a_bad_profile_is_named_by_its_field():
 def test_local_ranks_get_the_profile_of_the_job():
     base = {k: v for k, v in os.environ.items() if k not in (tuning.PROFILE_ENV, *CPU_BOX)}
     assert profile_of(local.environment(2, base=base)) == {
-        tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, "LD_PRELOAD": str(sleepy_negotiation_library()),
-        **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
+        tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS, **tuning.TCP_FRAGMENTS,
+        "LD_PRELOAD": str(sleepy_negotiation_library()), **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
     assert profile_of(local.environment(2, base=base, profile="none")) == {tuning.PROFILE_ENV: "none"}
     assert profile_of(local.environment(1, base=base, elastic=True)) == {tuning.PROFILE_ENV: "shared-cpu",
                                                                         **tuning.DEFAULTS}
@@ -153,7 +158,7 @@ def test_a_rank_no_hvdk8s_launcher_started_applies_what_it_can_and_names_the_res
     env = {"OMPI_COMM_WORLD_SIZE": "2"}
     notes = tuning.in_rank(env, gpus=False)
     assert env == {"OMPI_COMM_WORLD_SIZE": "2", tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS,
-                   **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
+                   **tuning.TCP_FRAGMENTS, **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
     assert len(notes) == 1 and f"LD_PRELOAD={sleepy_negotiation_library()}" in notes[0]
     alone = {}
     assert tuning.in_rank(alone, gpus=False) == [] and alone["HOROVOD_CYCLE_TIME"] == "20"
@@ -202,6 +207,7 @@ def test_ranks_started_by_plain_mpirun_apply_the_profile_themselves(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in rank_results(out):
         assert rank["given"] == {} and rank["after_init"] == {tuning.PROFILE_ENV: "shared-cpu", **tuning.DEFAULTS,
+                                                             **tuning.TCP_FRAGMENTS,
                                                              **tuning.allreduce_rules(str(tuning.ALLREDUCE_RULES))}
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "cannot be loaded from inside a rank" in line]
     assert len(said) == 1 and "LD_PRELOAD=" in said[0], proc.stdout + proc.stderr
