@@ -27,26 +27,28 @@ HVDK8S_SLEEPY_NEGOTIATION=0 turns it off. hvdk8s.torch's optimizer also waits as
 
 ALLREDUCE RULES (hvdk8s/native/allreduce-rules.conf, Open MPI 4.1's coll/tuned rules file, read through
 OMPI_MCA_coll_tuned_use_dynamic_rules=1 and OMPI_MCA_coll_tuned_dynamic_rules_filename): allreduces of
-16 MB and more take Open MPI's ring; smaller ones keep Open MPI's own choice. A step of a
-29.4M-parameter MLP (gradients of 50-67 MB a tensor) without the rules took 1.02-1.14x the time with
-them across 2 emulated nodes (`hvdk8s bench --only network`: 1.07x at 1 Gbit/s and 1 rank a node, 1.14x
-at 2 ranks a node), and with them 0.975x (`knobs`) to 0.91x (ad hoc runs) the time without at 2 ranks on
-one machine; the
-small models' steps (many small tensors, ResNet-20, the Transformer: messages under 16 MB) are unchanged
-(docs/performance.md). The file ships in the package (local ranks) and at IMAGE_ALLREDUCE_RULES in the
-images (the MPIJob names that path); where it is missing Open MPI keeps its own choice. Not for elastic
-jobs (Gloo's allreduce, not Open MPI's), and left out where the job's env names any OMPI_MCA_coll_tuned_
-variable of its own.
+16 MB and more among 2 ranks take Open MPI's ring; smaller ones, and every allreduce among 3 ranks or more,
+keep Open MPI's own choice (the file's entries apply by communicator size, checked: an entry for 3 with a
+slow algorithm slowed 4 ranks and not 2). A 2-rank step of a 29.4M-parameter MLP (gradients of 50-67 MB
+a tensor) took 0.975x (`knobs`) to 0.91x (ad hoc runs) the time without them on one machine, and
+0.89-1.00x across 2 emulated nodes (`hvdk8s bench --only network`: unshaped, 10 and 1 Gbit/s). At 2 ranks
+a node (4 ranks) the ring took 1.21x Open MPI's own choice once TCP_FRAGMENTS were in (2114 against
+1744 ms at 1 Gbit/s; before them 0.91x): hence 2 ranks only. The small models' steps (many small tensors,
+ResNet-20, the Transformer: messages under 16 MB) are unchanged (docs/performance.md). The file ships in
+the package (local ranks) and at IMAGE_ALLREDUCE_RULES in the images (the MPIJob names that path); where it
+is missing Open MPI keeps its own choice. Not for elastic jobs (Gloo's allreduce, not Open MPI's), and left
+out where the job's env names any OMPI_MCA_coll_tuned_ variable of its own.
 
 TCP_FRAGMENTS (OMPI_MCA_btl_tcp_rdma_pipeline_frag_size=262144, for more than one rank, not elastic):
 past its first 128 KB, Open MPI 4.1 sends a large message over TCP as one fragment of up to 2 GB (its
 default). Across 2 emulated nodes at 1 Gbit/s (2 x 1 rank, 29.4M-parameter MLP) the step's large
 allreduces then ran at 50-70 % of the link (a Horovod timeline), and one 118 MB allreduce alone took twice
 the wire's time (1942 ms against 944) with the sleepy negotiation preloaded; in 256 KB fragments they ran
-at 87-96 % and that allreduce took 994 ms, and the step took 0.80-0.86x the time uncompressed and
-0.72-0.78x with fp16 (fragments of 64 KB to 256 KB alike, 1 MB and more less; ad hoc runs, then
-`hvdk8s bench --only network`'s row without it). Unchanged at 10 Gbit/s, on unshaped links and at 2
-ranks a node; ranks on one machine meet in shared memory, not TCP. Inert where the MPI is not Open MPI.
+at 87-96 % and that allreduce took 994 ms, and the step took 0.80-0.87x the time uncompressed and
+0.72-0.79x with fp16 (ad hoc runs; fragments of 64 KB to 256 KB alike, 1 MB and more less), 0.85x and
+0.74x in `hvdk8s bench --only network`'s rows without them. Unchanged (0.97-1.03x) at 10 Gbit/s, on
+unshaped links and at 2 ranks a node; ranks on one machine meet in shared memory, not TCP. Inert where
+the MPI is not Open MPI.
 
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
 to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
