@@ -5,15 +5,16 @@ gradient. Within one node (shared memory) it was first measured costing more tha
 1.34x the step); later runs of `hvdk8s bench --only knobs` gave 0.88-0.94x for that one model, so `auto`
 keeping none within a node now rests on the rounding and on too little evidence to change it
 (docs/performance.md). Across nodes it pays: 2 emulated nodes on TCP
-links (`hvdk8s bench --only network`, 29.4M-parameter MLP, CPU ranks) stepped in 0.65-0.71x the time at
-1 Gbit/s, 0.90-0.94x at 10 Gbit/s and 0.75-1.00x unshaped (three runs, docs/performance.md). So `auto`
+links (`hvdk8s bench --only network`, 29.4M-parameter MLP, CPU ranks) stepped in 0.61-0.71x the time at
+1 Gbit/s, 0.90-0.97x at 10 Gbit/s and 0.91-1.00x unshaped (the last three runs, docs/performance.md). So `auto`
 is fp16 wherever the job spans more than one node: for GPU jobs as before (NCCL's fp16 allreduce across
 nodes), and now for CPU jobs too.
 
 powersgd sends low-rank factors of each weight's gradient with error feedback
 (hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py): chosen by the job, never by `auto`, because it
-changes what the model learns (docs/training.md), although it paid at every link rate measured (rank 4:
-0.22-0.24x at 1 Gbit/s, 0.91x at 10 Gbit/s, 0.91-0.93x unshaped; docs/performance.md).
+changes what the model learns (docs/training.md), although it paid wherever the link binds (rank 4:
+0.22-0.30x at 1 Gbit/s, 0.91-1.00x at 10 Gbit/s, 0.91-1.05x unshaped; the later runs' faster uncompressed
+step raised the ratio, not PowerSGD's step; docs/performance.md).
 """
 from __future__ import annotations
 
