@@ -45,10 +45,10 @@ default). Across 2 emulated nodes at 1 Gbit/s (2 x 1 rank, 29.4M-parameter MLP) 
 allreduces then ran at 50-70 % of the link (a Horovod timeline), and one 118 MB allreduce alone took twice
 the wire's time (1942 ms against 944) with the sleepy negotiation preloaded; in 256 KB fragments they ran
 at 87-96 % and that allreduce took 994 ms, and the step took 0.80-0.87x the time uncompressed and
-0.72-0.79x with fp16 (ad hoc runs; fragments of 64 KB to 256 KB alike, 1 MB and more less), 0.85x and
-0.74x in `hvdk8s bench --only network`'s rows without them. Unchanged (0.97-1.03x) at 10 Gbit/s, on
-unshaped links and at 2 ranks a node; ranks on one machine meet in shared memory, not TCP. Inert where
-the MPI is not Open MPI.
+0.72-0.79x with fp16 (ad hoc runs; fragments of 64 KB to 256 KB alike, 1 MB and more less); in
+`hvdk8s bench --only network` the step without them took 1.20x (fp16 1.43x), and at 2 ranks a node,
+under Open MPI's own algorithm, 1.35x (fp16 1.17x). Unchanged (0.97-1.03x) at 10 Gbit/s and on unshaped
+links; ranks on one machine meet in shared memory, not TCP. Inert where the MPI is not Open MPI.
 
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
 to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
