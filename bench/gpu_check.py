@@ -26,7 +26,7 @@ from hvdk8s.launch import local
 
 MODELS = ("resnet", "transformer")
 BATCH = 64
-CPU_BOX = (*tuning.DEFAULTS, *tuning.SINGLE_RANK, "LD_PRELOAD")
+CPU_BOX = tuning.SHARED_CPU_VARIABLES
 
 
 def controller() -> str:

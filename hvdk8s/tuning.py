@@ -160,6 +160,10 @@ def allreduce_rules(path: str) -> dict[str, str]:
     return {f"{COLL_TUNED}use_dynamic_rules": "1", f"{COLL_TUNED}dynamic_rules_filename": path}
 
 
+# Every variable the `shared-cpu` profile may give ranks, whatever their placement (PROFILE_ENV aside).
+SHARED_CPU_VARIABLES = (*DEFAULTS, *SINGLE_RANK, *TCP_FRAGMENTS, "LD_PRELOAD", *allreduce_rules(""))
+
+
 def sleepy_negotiation_library() -> Optional[Path]:
     """The built sleepy negotiation (pip builds it beside this module where a C compiler is found), or None."""
     here = Path(__file__).parent

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.after_the_node  # its rank tests: a third rank stream (
 GOLDEN = ROOT / "tests" / "golden"
 GPU_CASES = ("gpu-1x8", "gpu-4x8-rdma", "gpu-4x8-tcp", "nfs-cached", "s3-cached", "single-node")
 # Everything the shared-cpu profile may set; HVDK8S_TUNING names the profile and is always there.
-CPU_BOX = (*tuning.DEFAULTS, *tuning.SINGLE_RANK, *tuning.TCP_FRAGMENTS, "LD_PRELOAD", *tuning.allreduce_rules(""))
+CPU_BOX = tuning.SHARED_CPU_VARIABLES
 
 
 def launcher(spec) -> tuple[dict, list[str]]:

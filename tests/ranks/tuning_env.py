@@ -8,8 +8,7 @@ from pathlib import Path
 
 from hvdk8s import tuning
 
-NAMES = (tuning.PROFILE_ENV, *tuning.DEFAULTS, *tuning.SINGLE_RANK, *tuning.TCP_FRAGMENTS, "LD_PRELOAD",
-         *tuning.allreduce_rules(""))
+NAMES = (tuning.PROFILE_ENV, *tuning.SHARED_CPU_VARIABLES)
 
 
 def tuning_vars() -> dict:
