@@ -2,8 +2,9 @@
 namespaces on a bridge, each link shaped with tbf) x 1 rank, and x 2 ranks at 1 Gbit/s in the full run
 (fast inside a node, the shaped link between), training a 29.4M-parameter MLP (0.8M with --quick):
 hvdk8s.torch with compression none, fp16 and PowerSGD (rank 4), uncompressed without hvdk8s's allreduce
-rules (Open MPI's own algorithm), and uncompressed and fp16 without its TCP fragment size (Open MPI's),
-against torch DDP (gloo) with no hook, its fp16 hook and its PowerSGD hook (rank 4), per link rate.
+rules (Open MPI's own algorithm) or its malloc thresholds (glibc's), and uncompressed and fp16 without its
+TCP fragment size (Open MPI's), against torch DDP (gloo) with no hook, its fp16 hook and its PowerSGD hook
+(rank 4), the hooks also with hvdk8s's allocator settings, per link rate.
 
 - `network`: ms per step, per link rate (a group each), ratios against hvdk8s uncompressed on that link;
   each row's extra holds the gradient bytes a rank sends per step.
@@ -34,13 +35,17 @@ from hvdk8s.launch import local
 RANK = "hvdk8s.bench.network_rank"
 CONFIGS = {"hvdk8s": ("hvdk8s", "none"), "hvdk8s fp16": ("hvdk8s", "fp16"), "hvdk8s powersgd": ("hvdk8s", "powersgd"),
            "hvdk8s, Open MPI's allreduce": ("hvdk8s", "none"), "hvdk8s, Open MPI's TCP fragments": ("hvdk8s", "none"),
-           "hvdk8s fp16, Open MPI's TCP fragments": ("hvdk8s", "fp16"),
-           "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd")}
-# hvdk8s's rows run with its tuning profile (hvdk8s/tuning.py); these without the profile's allreduce rules or
-# its TCP fragment size (Open MPI's own).
+           "hvdk8s fp16, Open MPI's TCP fragments": ("hvdk8s", "fp16"), "hvdk8s, glibc's malloc": ("hvdk8s", "none"),
+           "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd"),
+           "DDP fp16 hook, hvdk8s's allocators": ("ddp", "fp16"), "DDP powersgd hook, hvdk8s's allocators": ("ddp", "powersgd")}
+# hvdk8s's rows run with its tuning profile (hvdk8s/tuning.py); these without the profile's allreduce rules, its
+# TCP fragment size (Open MPI's own) or its malloc thresholds (glibc's own). DDP's run as torchrun starts them,
+# and its hooks also with the allocator settings hvdk8s gives its ranks.
 _OWN_FRAGMENTS = dict.fromkeys(tuning.TCP_FRAGMENTS)
 CONFIG_ENV = {"hvdk8s, Open MPI's allreduce": dict.fromkeys(tuning.allreduce_rules("")),
-              "hvdk8s, Open MPI's TCP fragments": _OWN_FRAGMENTS, "hvdk8s fp16, Open MPI's TCP fragments": _OWN_FRAGMENTS}
+              "hvdk8s, Open MPI's TCP fragments": _OWN_FRAGMENTS, "hvdk8s fp16, Open MPI's TCP fragments": _OWN_FRAGMENTS,
+              "hvdk8s, glibc's malloc": dict.fromkeys(tuning.MALLOC),
+              "DDP fp16 hook, hvdk8s's allocators": tuning.ALLOCATORS, "DDP powersgd hook, hvdk8s's allocators": tuning.ALLOCATORS}
 LINKS_GBIT = (None, 10.0, 1.0)  # None: unshaped (veth copies, several Gbit/s here)
 _PORTS = itertools.count(29677)  # torchrun's master port, one per DDP run
 GRACE = 120  # seconds the rest of a run may take to end after one of its processes has ended

@@ -20,7 +20,7 @@ def run(quick: bool) -> Comparison:
     def rate(label: str) -> float:
         mode, np = configs[label]
         result = run_json(RANK_MODULE, {**config, "mode": mode}, "hvdk8s" if mode == "hvdk8s" else "plain", np,
-                          tuning.MALLOC)  # plain Keras with the allocator settings hvdk8s's ranks get
+                          tuning.ALLOCATORS)  # plain Keras with the allocator settings hvdk8s's ranks get
         epochs[label].extend(result["epochs"])
         return result["samples_per_s"]
 

@@ -60,7 +60,7 @@ def run(quick: bool) -> Comparison:
         job_file = job(quick, Path(tmp))
         samples = interleaved({
             "hand-written Horovod": lambda: after_the_first(run_json(
-                "hvdk8s.bench.handwritten_rank", {"job": str(job_file)}, "horovod", 2, tuning.MALLOC)["samples_per_s"]),
+                "hvdk8s.bench.handwritten_rank", {"job": str(job_file)}, "horovod", 2, tuning.ALLOCATORS)["samples_per_s"]),
             "hvdk8s train": lambda: trainer_samples_per_s(job_file),
         }, repeats)
     return Comparison("trainer", "Trainer overhead: hvdk8s train vs a hand-written Horovod loop, 2 ranks, MLP",

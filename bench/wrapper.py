@@ -4,7 +4,7 @@ batch and threads). Target: at most 1.02x.
 Two ways a one-rank job starts, each with its own plain baseline: a plain process (`python train.py`,
 what the wrapper alone costs: Horovod initialised, the wrapped optimizer) and `mpirun -np 1` (what
 `launch --local -np 1` runs: the same plus mpirun's environment for both). The plain baseline gets
-hvdk8s's malloc settings too (hvdk8s/tuning.py MALLOC, which every rank hvdk8s starts has): they speed a
+hvdk8s's allocator settings too (hvdk8s/tuning.py ALLOCATORS, which every CPU rank hvdk8s starts has): they speed a
 step up by themselves, and this row is the wrapper's cost. The hvdk8s rank runs as hvdk8s starts a rank
 alone: with Horovod's cycle at 20 ms (tuning.SINGLE_RANK).
 
@@ -26,7 +26,7 @@ def run(quick: bool) -> Comparison:
     rows = []
     for model in models:
         for how, launcher in HOW.items():
-            pair = {mode: (mode, tuning.MALLOC, launcher) for mode in ("plain", "hvdk8s")}
+            pair = {mode: (mode, tuning.ALLOCATORS, launcher) for mode in ("plain", "hvdk8s")}
             turned = taking_turns(pair, {"model": model, "batch": 32}, turns, steps_per_turn)
             rows += [Row(config=mode, group=f"{model}, {how}", samples=[1000 * s for s in turned[mode]])
                      for mode in pair]

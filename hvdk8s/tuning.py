@@ -51,13 +51,25 @@ under Open MPI's own algorithm, 1.35x (fp16 1.17x). Unchanged (0.97-1.03x) at 10
 links; ranks on one machine meet in shared memory, not TCP. Inert where the MPI is not Open MPI.
 
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
-to the largest block freed so far, and trimming the heap's top past twice that), so a training step that
-frees and reallocates activations of a few MB faults their pages in again every step: a 2-rank ResNet-20
-rank took ~10k page faults a step (DDP's 3-9k), the kernel zeroing pages on cores the training needs.
-Fixed thresholds keep blocks up to 32 MB on the heap and its top up to 256 MB: 20-140 faults a step, and
-that 2-rank step 0.90x DDP's time against 1.04x without (docs/performance.md: DDP gains as much from them).
-A rank's resident memory then stays near its peak instead of falling between steps. Where the rank's
-environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
+to the largest block freed so far up to 32 MB, and trimming the heap's top past twice that), so a training
+step that frees and reallocates activations of a few MB, or gradients of tens of MB, faults their pages in
+again every step, the kernel zeroing pages on cores the training needs: a 2-rank ResNet-20 rank took ~10k
+page faults a step (DDP's 3-9k); one step of a 29.4M-parameter MLP (weights of 50 and 67 MB) 28.7k.
+Fixed thresholds of 1 GiB keep blocks up to 1 GiB on the heap and its top up to 1 GiB: ResNet-20 20-140
+faults a step, and that 2-rank step 0.90x DDP's time against 1.04x without (docs/performance.md: DDP gains
+as much from them); the MLP none, its step 0.60x the time at one rank, and across 2 emulated nodes at
+1 Gbit/s 0.93x uncompressed, 0.86x fp16, 0.73x PowerSGD (32 MB and 256 MB before, which left the MLP's
+faults as they were). A rank's resident memory then stays near its peak instead of falling between steps
+(the MLP's 1016 -> 1060 MB; the small models' unchanged). 1 GiB: what mallopt's int takes (in_rank). Where
+the rank's environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
+
+TF_ALLOCATOR (TF_CPU_ALLOCATOR_USE_BFC=1): TensorFlow allocates a CPU tensor from threads of its own pools,
+whose glibc arenas map any block over 64 MB afresh whatever the thresholds, so MALLOC alone left a Keras
+step of the MLP 49k faults (73.7k without) and its memory 1281 MB (953). TensorFlow's own best-fit
+allocator, the one it uses on GPUs, keeps the blocks: one process, one thread, batch 32, the MLP's step
+0.63x the time (316 against 498 ms), 1 fault a step, 986 MB; ResNet-20's step unchanged (200 against
+201 ms), 710 MB against 762. PyTorch ignores the variable. TensorFlow reads it when it first allocates, so
+in_rank applies it only where nothing was allocated before Horovod's init.
 
 SINGLE_RANK (HOROVOD_CYCLE_TIME=20, milliseconds), for a job of one rank for good, on CPU only, whatever
 the profile (the profile of a rank that sees a GPU is `none` under `auto`, and even a `shared-cpu` GPU job
@@ -85,8 +97,10 @@ from typing import Mapping, MutableMapping, Optional
 
 PROFILES = ("auto", "shared-cpu", "none")  # resources.tuning
 PROFILE_ENV = "HVDK8S_TUNING"  # the profile whose settings a launcher put in the ranks' environment
-MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", **MALLOC}
+MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+TF_ALLOCATOR: dict[str, str] = {"TF_CPU_ALLOCATOR_USE_BFC": "1"}
+ALLOCATORS: dict[str, str] = {**MALLOC, **TF_ALLOCATOR}  # what a baseline in bench/ gets to compare like with like
+DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", **ALLOCATORS}
 SINGLE_RANK: dict[str, str] = {"HOROVOD_CYCLE_TIME": "20"}
 TCP_FRAGMENTS: dict[str, str] = {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": str(256 << 10)}
 # What launchers tell a rank of the job's size before MPI or Gloo starts (Open MPI, Horovod's Gloo, MPICH's
