@@ -111,7 +111,7 @@ class ResourcesSpec(StrictModel):
                                    "nodes): only for multi-node GPU jobs without RDMA, where you measured it helps")
     tuning: Tuning = Field(
         default="auto", description="the ranks' tuning profile (hvdk8s/tuning.py): shared-cpu (Open MPI yields when "
-                                    "idle, malloc thresholds, the sleepy negotiation, a single rank's 20 ms cycle), "
+                                    "idle, the allocators' settings, the sleepy negotiation, a single rank's 20 ms cycle), "
                                     "none, or auto: shared-cpu for CPU jobs and local launches without a GPU, none "
                                     "for GPU jobs")
 

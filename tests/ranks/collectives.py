@@ -314,14 +314,16 @@ for epoch in (1, 2):
 # --- a step waiting for a slow peer: the training thread sleeps (Horovod's own wait spins) ---------
 import time  # noqa: E402
 
-waiter = torch.nn.Linear(256, 256)
-waiter_opt = ht.distribute(waiter, torch.optim.SGD(waiter.parameters(), lr=0.01))
-if rank == 1:
-    time.sleep(1.5)  # rank 1 is late: its backward (whose hooks start its allreduces) comes 1.5 s later
-waiter(torch.ones(4, 256)).sum().backward()
-wall, cpu = time.perf_counter(), time.thread_time()
-waiter_opt.step()
-res["slow_peer_wait"] = {"wall_s": time.perf_counter() - wall, "thread_cpu_s": time.thread_time() - cpu}
+for key, settings in (("slow_peer_wait", {}),  # PowerSGD: its allreduces start in step()
+                      ("slow_peer_wait_powersgd", {"compression": "powersgd", "powersgd": {"rank": 2, "start_step": 0}})):
+    waiter = torch.nn.Linear(256, 256)
+    waiter_opt = ht.distribute(waiter, torch.optim.SGD(waiter.parameters(), lr=0.01), **settings)
+    if rank == 1:
+        time.sleep(1.5)  # rank 1 is late: its backward (whose hooks start its allreduces) comes 1.5 s later
+    waiter(torch.ones(4, 256)).sum().backward()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    waiter_opt.step()
+    res[key] = {"wall_s": time.perf_counter() - wall, "thread_cpu_s": time.thread_time() - cpu}
 
 (out_dir / f"rank{rank}.json").write_text(json.dumps(res))
 
