@@ -35,9 +35,11 @@ from hvdk8s.launch import local
 RANK = "hvdk8s.bench.network_rank"
 CONFIGS = {"hvdk8s": ("hvdk8s", "none"), "hvdk8s fp16": ("hvdk8s", "fp16"), "hvdk8s powersgd": ("hvdk8s", "powersgd"),
            "hvdk8s, Open MPI's allreduce": ("hvdk8s", "none"), "hvdk8s, Open MPI's TCP fragments": ("hvdk8s", "none"),
-           "hvdk8s fp16, Open MPI's TCP fragments": ("hvdk8s", "fp16"), "hvdk8s, glibc's malloc": ("hvdk8s", "none"),
+           "hvdk8s fp16, Open MPI's TCP fragments": ("hvdk8s", "fp16"),
+           "hvdk8s, glibc's malloc": ("hvdk8s", "none"),
            "DDP": ("ddp", "none"), "DDP fp16 hook": ("ddp", "fp16"), "DDP powersgd hook": ("ddp", "powersgd"),
-           "DDP fp16 hook, hvdk8s's allocators": ("ddp", "fp16"), "DDP powersgd hook, hvdk8s's allocators": ("ddp", "powersgd")}
+           "DDP fp16 hook, hvdk8s's allocators": ("ddp", "fp16"),
+           "DDP powersgd hook, hvdk8s's allocators": ("ddp", "powersgd")}
 # hvdk8s's rows run with its tuning profile (hvdk8s/tuning.py); these without the profile's allreduce rules, its
 # TCP fragment size (Open MPI's own) or its malloc thresholds (glibc's own). DDP's run as torchrun starts them,
 # and its hooks also with the allocator settings hvdk8s gives its ranks.
@@ -45,7 +47,8 @@ _OWN_FRAGMENTS = dict.fromkeys(tuning.TCP_FRAGMENTS)
 CONFIG_ENV = {"hvdk8s, Open MPI's allreduce": dict.fromkeys(tuning.allreduce_rules("")),
               "hvdk8s, Open MPI's TCP fragments": _OWN_FRAGMENTS, "hvdk8s fp16, Open MPI's TCP fragments": _OWN_FRAGMENTS,
               "hvdk8s, glibc's malloc": dict.fromkeys(tuning.MALLOC),
-              "DDP fp16 hook, hvdk8s's allocators": tuning.ALLOCATORS, "DDP powersgd hook, hvdk8s's allocators": tuning.ALLOCATORS}
+              "DDP fp16 hook, hvdk8s's allocators": tuning.ALLOCATORS,
+              "DDP powersgd hook, hvdk8s's allocators": tuning.ALLOCATORS}
 LINKS_GBIT = (None, 10.0, 1.0)  # None: unshaped (veth copies, several Gbit/s here)
 _PORTS = itertools.count(29677)  # torchrun's master port, one per DDP run
 GRACE = 120  # seconds the rest of a run may take to end after one of its processes has ended

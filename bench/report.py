@@ -48,10 +48,13 @@ def plot(c: Comparison, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     configs = list(dict.fromkeys(r.config for r in c.rows))
     groups = list(dict.fromkeys(r.group for r in c.rows))
+    # matplotlib's default cycle has 10 colours: past that, two configurations would share one
+    tab20 = plt.get_cmap("tab20").colors
+    palette = [tab20[i % len(tab20)] if len(configs) > 10 else None for i in range(len(configs))]
     if c.plot == "line":
-        for config in configs:
+        for config, color in zip(configs, palette):
             rows = sorted((r for r in c.rows if r.config == config), key=lambda r: r.x)
-            ax.plot([r.x for r in rows], [r.median for r in rows], marker="o", label=config)
+            ax.plot([r.x for r in rows], [r.median for r in rows], marker="o", label=config, color=color)
         for label, value in c.references.items():
             ax.axhline(value, linestyle="--", color="grey", label=label)
         ax.set_xscale("log", base=2)
@@ -66,7 +69,7 @@ def plot(c: Comparison, path: Path) -> None:
                     xs.append(j + i * width)
                     heights.append(row.median)
                     ratios.append(c.ratio(row))
-            bars = ax.bar(xs, heights, width, label=config)
+            bars = ax.bar(xs, heights, width, label=config, color=palette[i])
             ax.bar_label(bars, labels=["" if r is None else f"{r:.2f}x" for r in ratios], fontsize=7)
         ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(groups))],
                       [g or c.name for g in groups], fontsize=8, rotation=15)

@@ -148,7 +148,8 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
             return
         # Second collective: Q = Mᵀ P̂ with P̂ orthonormal.
         ps = [torch.linalg.qr(p, mode="reduced").Q for p in ps]
-        qts = [p.t() @ mi for mi, p in zip(ms, ps)]  # (Mᵀ P̂)ᵀ = P̂ᵀ M, reading M along its rows (3x faster here)
+        # (Mᵀ P̂)ᵀ = P̂ᵀ M, reading M along its rows (3x faster here), in Q's column-major layout
+        qts = [p.t() @ mi for mi, p in zip(ms, ps)]
         flat_q = self._allreduce(torch.cat([qt.reshape(-1) for qt in qts]), "q")
         offset = 0
         for mi, p, m in zip(ms, ps, matrices):

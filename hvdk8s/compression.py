@@ -6,15 +6,15 @@ gradient. Within one node (shared memory) it was first measured costing more tha
 models (2 CPU ranks, 2026-12-05) 0.93x and 0.97x for two MLPs, 1.01x for ResNet-20 and 1.02x for the
 Transformer: too little saved for the rounding, so `auto` keeps none within a node (docs/performance.md).
 Across nodes it pays: 2 emulated nodes on TCP links (`hvdk8s bench --only network`, 29.4M-parameter MLP,
-CPU ranks) stepped in 0.61-0.71x the time at 1 Gbit/s, 0.90-0.97x at 10 Gbit/s and 0.91-1.00x unshaped
-(the last three runs, docs/performance.md). So `auto` is fp16 wherever the job spans more than one node:
+CPU ranks) stepped in 0.57-0.71x the time at 1 Gbit/s, 0.77-0.97x at 10 Gbit/s and 0.70-1.00x unshaped
+(the last five runs, docs/performance.md). So `auto` is fp16 wherever the job spans more than one node:
 for GPU jobs as before (NCCL's fp16 allreduce across nodes), and now for CPU jobs too.
 
 powersgd sends low-rank factors of each weight's gradient with error feedback
 (hvdk8s/_torch_powersgd.py, hvdk8s/_tf_powersgd.py): chosen by the job, never by `auto`, because it
 changes what the model learns (docs/training.md), although it paid wherever the link binds (rank 4:
-0.22-0.30x at 1 Gbit/s, 0.91-1.00x at 10 Gbit/s, 0.91-1.05x unshaped; the later runs' faster uncompressed
-step raised the ratio, not PowerSGD's step; docs/performance.md).
+0.19-0.30x at 1 Gbit/s, 0.80-1.00x at 10 Gbit/s, 0.80-1.05x unshaped, over the runs in
+docs/performance.md).
 """
 from __future__ import annotations
 

@@ -58,10 +58,12 @@ page faults a step (DDP's 3-9k); one step of a 29.4M-parameter MLP (weights of 5
 Fixed thresholds of 1 GiB keep blocks up to 1 GiB on the heap and its top up to 1 GiB: ResNet-20 20-140
 faults a step, and that 2-rank step 0.90x DDP's time against 1.04x without (docs/performance.md: DDP gains
 as much from them); the MLP none, its step 0.60x the time at one rank, and across 2 emulated nodes at
-1 Gbit/s 0.93x uncompressed, 0.86x fp16, 0.73x PowerSGD (32 MB and 256 MB before, which left the MLP's
-faults as they were). A rank's resident memory then stays near its peak instead of falling between steps
-(the MLP's 1016 -> 1060 MB; the small models' unchanged). 1 GiB: what mallopt's int takes (in_rank). Where
-the rank's environment tunes glibc's malloc itself (GLIBC_TUNABLES naming glibc.malloc), these are left out.
+1 Gbit/s 0.93x uncompressed, 0.86x fp16, 0.73x PowerSGD (ad hoc, 2 launches each, with 4 GiB and 16 GiB;
+`hvdk8s bench --only network`: without them 1.06-1.10x at 1 Gbit/s, 1.16-1.34x on faster links). They
+were 32 MB and 256 MB, which left the MLP's faults as they were. A rank's resident memory then stays near
+its peak instead of falling between steps (the MLP's 1016 -> 1060 MB; the small models' unchanged).
+1 GiB: what mallopt's int takes (in_rank). Where the rank's environment tunes glibc's malloc itself
+(GLIBC_TUNABLES naming glibc.malloc), these are left out.
 
 TF_ALLOCATOR (TF_CPU_ALLOCATOR_USE_BFC=1): TensorFlow allocates a CPU tensor from threads of its own pools,
 whose glibc arenas map any block over 64 MB afresh whatever the thresholds, so MALLOC alone left a Keras
