@@ -31,7 +31,8 @@ OMPI_MCA_coll_tuned_use_dynamic_rules=1 and OMPI_MCA_coll_tuned_dynamic_rules_fi
 keep Open MPI's own choice (the file's entries apply by communicator size, checked: an entry for 3 with a
 slow algorithm slowed 4 ranks and not 2). A 2-rank step of a 29.4M-parameter MLP (gradients of 50-67 MB
 a tensor) took 0.975x (`knobs`) to 0.91x (ad hoc runs) the time without them on one machine, and
-0.89-1.00x across 2 emulated nodes (`hvdk8s bench --only network`: unshaped, 10 and 1 Gbit/s). At 2 ranks
+0.89-1.00x across 2 emulated nodes (`hvdk8s bench --only network`: unshaped, 10 and 1 Gbit/s; since the
+allocator settings shortened the step's CPU work, 1.01x at 1 Gbit/s and 1.05-1.08x faster). At 2 ranks
 a node (4 ranks) the ring took 1.21x Open MPI's own choice once TCP_FRAGMENTS were in (2114 against
 1744 ms at 1 Gbit/s; before them 0.91x): hence 2 ranks only. The small models' steps (many small tensors,
 ResNet-20, the Transformer: messages under 16 MB) are unchanged (docs/performance.md). The file ships in
@@ -48,7 +49,10 @@ at 87-96 % and that allreduce took 994 ms, and the step took 0.80-0.87x the time
 0.72-0.79x with fp16 (ad hoc runs; fragments of 64 KB to 256 KB alike, 1 MB and more less); in
 `hvdk8s bench --only network` the step without them took 1.20x (fp16 1.43x), and at 2 ranks a node,
 under Open MPI's own algorithm, 1.35x (fp16 1.17x). Unchanged (0.97-1.03x) at 10 Gbit/s and on unshaped
-links; ranks on one machine meet in shared memory, not TCP. Inert where the MPI is not Open MPI.
+links then; since the allocator settings shortened the step's CPU work, 1.19-1.23x at 1 Gbit/s but 0.85x
+at 10 Gbit/s and unshaped (two runs; ad hoc 0.97x at 10 Gbit/s, and 1 or 4 MB fragments no better:
+docs/performance.md), kept for the slow links they were found on. Ranks on one machine meet in shared
+memory, not TCP. Inert where the MPI is not Open MPI.
 
 MALLOC: glibc's allocator hands a freed block over 128 KB back to the kernel (its mmap threshold, raised
 to the largest block freed so far up to 32 MB, and trimming the heap's top past twice that), so a training

@@ -314,7 +314,8 @@ for epoch in (1, 2):
 # --- a step waiting for a slow peer: the training thread sleeps (Horovod's own wait spins) ---------
 import time  # noqa: E402
 
-for key, settings in (("slow_peer_wait", {}),  # PowerSGD: its allreduces start in step()
+# plain averaging (allreduces started by backward's hooks) and PowerSGD (its allreduces start in step())
+for key, settings in (("slow_peer_wait", {}),
                       ("slow_peer_wait_powersgd", {"compression": "powersgd", "powersgd": {"rank": 2, "start_step": 0}})):
     waiter = torch.nn.Linear(256, 256)
     waiter_opt = ht.distribute(waiter, torch.optim.SGD(waiter.parameters(), lr=0.01), **settings)
