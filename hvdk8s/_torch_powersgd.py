@@ -153,7 +153,7 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
         flat_q = self._allreduce(torch.cat([qt.reshape(-1) for qt in qts]), "q")
         offset = 0
         for mi, p, m in zip(ms, ps, matrices):
-            m.q = flat_q[offset:offset + m.cols * m.rank].view(m.rank, m.cols).t().clone()  # column-major, kept
+            m.q = _column_major(flat_q[offset:offset + m.cols * m.rank].view(m.rank, m.cols).t())
             offset += m.cols * m.rank
             approx = self._approximation(m, p)  # P Qᵀ, written where the gradient goes
             torch.sub(mi, approx, out=m.error)  # what this rank's gradient lost, added to its next one
