@@ -93,15 +93,20 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
         self._prefix = f"hvdk8s.powersgd{next(_names)}"
         self.steps = 0  # optimizer steps taken (compression starts at start_step)
         self._skip = False
-        # The same group dicts and state as the wrapped optimizer: one learning rate to set, one state.
         super().__init__(optimizer.param_groups, optimizer.defaults)
-        self.state = optimizer.state
+        self._share_inner()
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self.matrices: dict[torch.nn.Parameter, _Matrix] = {}
         for i, p in enumerate(params):
             if p.dim() >= 2 and should_compress(p.shape[0], p.numel() // p.shape[0], rank, min_compression_rate):
                 self.matrices[p] = _Matrix(p, rank, seed=i)
         self.whole = [p for p in params if p not in self.matrices]
+
+    def _share_inner(self) -> None:
+        """The wrapped optimizer's own group list and state: one learning rate to set, one state. Again after
+        each load, as torch's load_state_dict replaces both (the learning rates the trainer sets would
+        otherwise stop reaching the step: a resumed run kept the checkpoint's)."""
+        self.param_groups, self.state = self.inner.param_groups, self.inner.state
 
     # --- the gradients --------------------------------------------------------------------------
 
@@ -231,6 +236,7 @@ class PowerSGDOptimizer(torch.optim.Optimizer):
         if saved is not None:
             self._check(saved)
         self.inner.load_state_dict({k: v for k, v in state_dict.items() if k != "powersgd"})
+        self._share_inner()
         if saved is not None:
             self._load_compression(saved)
 

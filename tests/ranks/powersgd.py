@@ -7,7 +7,8 @@ Scenarios, each from the same start on the same data (a step's global batch spli
 - low rank against the algorithm written out plainly (Vogels et al. 2019, one process on the whole batch:
   M = g + e, P = M Q, P orthonormalized, Q = Mᵀ P, g' = P Qᵀ, e = M - g'), with the warm-up steps;
 - an fp16 overflow on rank 0 only: every rank skips the step, errors and Q untouched;
-- a state saved mid-run and loaded into a fresh model and optimizer continues as the run itself did.
+- a state saved mid-run and loaded into a fresh model and optimizer continues as the run itself did, with
+  a learning rate set after the load (as the trainer's schedule sets it).
 """
 import copy
 import json
@@ -136,12 +137,22 @@ saved_params = copy.deepcopy(run_model.state_dict())
 saved = copy.deepcopy(run.state_dict())  # collective: the ranks' mean error (copied: Adam's moments change in place)
 own_errors_differ = any(not torch.equal(m.error, saved["powersgd"]["error"][i])
                         for i, m in zip(sorted(saved["powersgd"]["error"]), run.matrices.values()))
+
+
+def lower_lr(optimizer):
+    """As the trainer's schedule does each step: through the wrapper's param_groups."""
+    for group in optimizer.param_groups:
+        group["lr"] = 0.002
+
+
+lower_lr(run)
 train(run_model, run, 4, first=4)
 resumed_model = make_model()
 resumed_model.load_state_dict(saved_params)
 resumed = ht.distribute(resumed_model, torch.optim.Adam(resumed_model.parameters(), lr=0.01),
                         compression="powersgd", powersgd={"rank": 1, "start_step": 2, "min_compression_rate": 0})
 resumed.load_state_dict(saved)
+lower_lr(resumed)  # after the load: the step must take it (it kept the saved 0.01 once)
 train(resumed_model, resumed, 4, first=4)
 refused = []
 for bad in ({**saved, "powersgd": {**saved["powersgd"], "rank": 3}},):
