@@ -50,7 +50,7 @@ def plot(c: Comparison, path: Path) -> None:
     groups = list(dict.fromkeys(r.group for r in c.rows))
     # matplotlib's default cycle has 10 colours: past that, two configurations would share one
     tab20 = plt.get_cmap("tab20").colors
-    palette = [tab20[i % len(tab20)] if len(configs) > 10 else None for i in range(len(configs))]
+    palette = [tab20[i % len(tab20)] for i in range(len(configs))] if len(configs) > 10 else [None] * len(configs)
     if c.plot == "line":
         for config, color in zip(configs, palette):
             rows = sorted((r for r in c.rows if r.config == config), key=lambda r: r.x)
